@@ -4,9 +4,40 @@ The helper is plain C with no Python API: setuptools compiles it as an extension
 library so that it lands next to the package with the right platform suffix, and
 ``cactus_gguf/native.py`` loads it with ctypes.
 """
+import shutil
+from pathlib import Path
+
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
+
+ROOT = Path(__file__).resolve().parent
+
+
+class BuildPyWithRegistry(build_py):
+    """Also copy the canonical top-level models.yaml into the built package as
+    cactus_gguf/models.yaml, so an installed (non-editable) wheel carries the model registry."""
+
+    def run(self) -> None:
+        super().run()
+        source = ROOT / "models.yaml"
+        if not source.is_file():
+            raise FileNotFoundError(f"{source} is missing: the wheel needs the model registry")
+        target = Path(self.build_lib) / "cactus_gguf" / "models.yaml"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+
+
+class SdistWithRegistry(sdist):
+    """Ship the top-level models.yaml in the sdist, so a wheel built from it has the registry."""
+
+    def make_release_tree(self, base_dir, files) -> None:
+        super().make_release_tree(base_dir, files)
+        shutil.copyfile(ROOT / "models.yaml", Path(base_dir) / "models.yaml")
+
 
 setup(
+    cmdclass={"build_py": BuildPyWithRegistry, "sdist": SdistWithRegistry},
     ext_modules=[
         Extension(
             "cactus_gguf._cactus_native",

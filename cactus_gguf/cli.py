@@ -11,3 +11,193 @@ def main() -> None:
 
 
 # `run` is added below by the decoding work; `models` / `pull` by the registry work.
+
+
+def _fail(message: str, code: int = 1) -> None:
+    """One line on stderr, then exit: the only way the CLI reports an error."""
+    click.echo(f"cactus-gguf: error: {message}", err=True)
+    raise SystemExit(code)
+
+
+def _summary(result, config) -> str:
+    s = result.stats
+    parts = [f"{s.n_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.2f} tok/s)",
+             f"prompt {s.n_prompt_tokens} tokens in {s.prefill_seconds:.2f} s"]
+    if config.acceptance is None:
+        parts.append("method none (verifier alone)")
+    else:
+        a = config.acceptance
+        rule = f"method {a.method}"
+        if a.method == "cactus":
+            rule += f" delta={a.delta:g} solver={a.solver}"
+        parts.append(f"{rule} k={config.k}")
+        parts.append(f"accepted {s.mean_accepted_length:.2f}/step, acceptance {s.acceptance_rate:.1%}, "
+                     f"{s.tokens_per_verifier_call:.2f} tokens/verifier call")
+        parts.append(f"draft {s.draft_seconds:.2f} s, verify {s.verify_seconds:.2f} s")
+    stop = result.stop_reason + (f" ({result.message})" if result.message else "")
+    parts.append(f"stop: {stop}")
+    parts.append(f"seed {result.seed}")
+    return "cactus-gguf: " + " | ".join(parts)
+
+
+@main.command(context_settings={"show_default": True})
+@click.argument("verifier", required=False)
+@click.argument("draft", required=False)
+@click.option("-m", "--model", "model_opt", metavar="VERIFIER",
+              help="Verifier GGUF path or registry name (same as the first argument).")
+@click.option("-md", "--model-draft", "draft_opt", metavar="DRAFT",
+              help="Draft GGUF path or registry name (same as the second argument).")
+@click.option("--pair", metavar="NAME", help="A draft/verifier pair from models.yaml "
+              "(default: the registry's default pair when no model is given).")
+@click.option("-p", "--prompt", help="Prompt text.")
+@click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False),
+              help="Read the prompt from a UTF-8 text file.")
+@click.option("--chat", is_flag=True, help="Wrap the prompt as a user message in the GGUF chat template.")
+@click.option("-n", "--n-predict", type=int, default=128, help="Tokens to generate.")
+@click.option("-k", "--draft-max", "k", type=int, default=8, help="Draft length k: tokens proposed per step.")
+@click.option("--method", type=click.Choice(["cactus", "sps", "none"]), default="cactus",
+              help="Acceptance rule; none = the verifier alone (baseline).")
+@click.option("--delta", type=float, default=1.0, help="Cactus KL budget delta, nats (0 = exactly SpS).")
+@click.option("--solver", type=click.Choice(["taylor", "exact"]), default="taylor",
+              help="Cactus gamma: the paper's closed form, or the exact binary-KL root.")
+@click.option("--temp", type=float, default=0.8, help="Temperature (0 = greedy).")
+@click.option("--top-k", type=int, default=40, help="Top-k sampling (0 = off).")
+@click.option("--top-p", type=float, default=0.95, help="Top-p sampling (1 = off).")
+@click.option("--min-p", type=float, default=0.05, help="Min-p sampling (0 = off).")
+@click.option("-s", "--seed", type=int, default=-1, help="RNG seed (-1 = random; reported).")
+@click.option("-c", "--ctx-size", "n_ctx", type=int, default=4096, help="Context size of both models, tokens.")
+@click.option("-b", "--batch-size", "n_batch", type=int, default=512, help="Max tokens per llama_decode.")
+@click.option("-t", "--threads", type=int, default=None, help="CPU threads [default: all usable cores].")
+@click.option("-ngl", "--n-gpu-layers", "ngl", type=int, default=-1,
+              help="Verifier layers offloaded to the GPU (-1 = all; ignored by CPU builds).")
+@click.option("-ngld", "--n-gpu-layers-draft", "ngld", type=int, default=-1,
+              help="Draft layers offloaded to the GPU (-1 = all).")
+@click.option("-fa", "--flash-attn", type=click.Choice(["auto", "on", "off"]), default="auto",
+              help="Flash attention.")
+@click.option("--stop", "stops", multiple=True, help="Stop string (repeatable); never printed.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text + stats) instead of streaming.")
+@click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp's log on stderr.")
+@click.pass_context
+def run(ctx: click.Context, verifier, draft, model_opt, draft_opt, pair, prompt, prompt_file, chat,
+        n_predict, k, method, delta, solver, temp, top_k, top_p, min_p, seed, n_ctx, n_batch,
+        threads, ngl, ngld, flash_attn, stops, as_json, verbose) -> None:
+    """Generate text with speculative decoding: VERIFIER checks what DRAFT proposes.
+
+    VERIFIER and DRAFT are GGUF paths or models.yaml names; with neither, the default pair is
+    used (fetched on first use).
+    """
+    import json
+    import logging
+
+    from . import api
+
+    if verbose:
+        logging.basicConfig(level=logging.DEBUG, format="%(message)s")
+    given = {name for name in ctx.params
+             if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
+    try:
+        request = api.RunRequest(
+            verifier=model_opt or verifier, draft=draft_opt or draft, pair=pair,
+            prompt=prompt, prompt_file=prompt_file, chat=chat, n_predict=n_predict, k=k,
+            method=method, delta=delta, solver=solver, temperature=temp, top_k=top_k, top_p=top_p,
+            min_p=min_p, seed=seed, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
+            n_gpu_layers=ngl, n_gpu_layers_draft=ngld, flash_attn=flash_attn, stop=tuple(stops),
+            explicit=frozenset(given))
+        plan = api.plan_run(request)  # validates everything before any model loads
+    except (ValueError, OSError) as e:
+        _fail(str(e))
+
+    printed = False
+
+    def emit(piece: str) -> None:
+        nonlocal printed
+        printed = True
+        click.echo(piece, nl=False)
+
+    try:
+        result = api.execute_run(plan, on_text=None if as_json else emit)
+    except KeyboardInterrupt:
+        if printed:
+            click.echo()
+        click.echo("cactus-gguf: interrupted", err=True)
+        raise SystemExit(130)
+    except (ValueError, OSError, RuntimeError) as e:
+        if printed:
+            click.echo()
+        _fail(str(e))
+    if as_json:
+        click.echo(json.dumps(api.result_json(result, plan), ensure_ascii=False))
+    else:
+        click.echo()
+        click.echo(_summary(result, plan.config), err=True)
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    """Left-aligned columns, two spaces apart (the first row is the header)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+@main.command("models")
+@click.option("--json", "as_json", is_flag=True, help="Print the registry as one JSON object.")
+def models_command(as_json: bool) -> None:
+    """List the models and draft/verifier pairs of models.yaml, with their sources."""
+    import json
+
+    from . import registry
+
+    try:
+        reg = registry.load_registry()
+        cached = {name: registry.is_cached(name, registry=reg) for name in reg.models}
+    except registry.RegistryError as e:
+        raise click.ClickException(str(e))
+    if as_json:
+        data = reg.to_dict()
+        for m in data["models"]:
+            m["cached"] = cached[m["name"]]
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(f"Models ({reg.path}; cache {registry.cache_dir()})")
+    rows = [["NAME", "ARCH", "QUANT", "SIZE", "LICENSE", "CACHED"]]
+    rows += [[m.name, m.architecture, m.quantization, f"{m.size / 1e9:.2f} GB", m.license,
+              "yes" if cached[m.name] else "-"] for m in reg.models.values()]
+    lines = _table(rows)
+    click.echo(lines[0])
+    for line, m in zip(lines[1:], reg.models.values()):
+        click.echo(line)
+        for i, src in enumerate(m.sources, 1):
+            shas = [s for s in src.expected_sha256 if s]
+            pin = f"sha256 {shas[0][:12]}…" if shas else "sha256 unknown"
+            click.echo(f"    {i}. {src.describe()}  {pin}")
+        if m.notes:
+            click.echo(f"    note: {m.notes}")
+    click.echo()
+    click.echo("Pairs")
+    rows = [["NAME", "VERIFIER", "DRAFT", "K", "DELTA", "TEMP", "TOP_K", "TOP_P"]]
+    rows += [[p.name + (" (default)" if p is reg.default_pair else ""), p.verifier, p.draft,
+              str(p.k), f"{p.delta:g}", f"{p.temperature:g}", str(p.top_k), f"{p.top_p:g}"]
+             for p in reg.pairs.values()]
+    for line in _table(rows):
+        click.echo(line)
+
+
+@main.command("pull")
+@click.argument("name")
+@click.option("--no-progress", is_flag=True, help="Hide the download progress bars.")
+def pull_command(name: str, no_progress: bool) -> None:
+    """Fetch a model, or both models of a pair, into the cache and check its sha256.
+
+    NAME is a model or pair name from `cactus-gguf models`. A verified cached copy is used
+    without any network access.
+    """
+    from . import registry
+
+    try:
+        results = registry.pull(name, progress=not no_progress)
+    except (registry.RegistryError, registry.DownloadError) as e:
+        raise click.ClickException(str(e))
+    for r in results:
+        check = "verified" if r.pinned else "not pinned in models.yaml, recorded"
+        state = "cached" if r.cached else f"fetched from {r.source.describe()}"
+        click.echo(f"{r.model}: {r.path}")
+        click.echo(f"    sha256 {r.sha256} ({check}; {state})")

@@ -1,0 +1,574 @@
+"""Native sampling helper: a thin ctypes facade over native/cactus_native.c.
+
+Dimension letters: ``V`` = vocabulary size, ``k`` = draft length (tokens proposed per step).
+
+Glossary (the same as in ``native/cactus_native.h``):
+
+- ``p``: the draft distribution at a position, ``q``: the verifier's, both after the same warps.
+- drafted: the token ``n`` the draft sampled from ``p``; accepted: a drafted token kept by the test.
+- residual: on the first rejection, a token drawn from ``norm(max(0, h - p))``.
+- bonus: when all ``k`` drafts are accepted, a token drawn from ``q`` at position ``k + 1``.
+- acceptance length (AL): accepted drafts in one step, ``0..k``.
+- ``h``: the target the acceptance test uses (``q`` for SpS, the Cactus target for Cactus).
+
+Rules: Y. Hao, L. Mou, "Cactus: Accelerating Auto-Regressive Decoding with Constrained Acceptance
+Speculative Sampling", ICLR 2026, arXiv:2604.04987; SpS: Leviathan et al. 2023, Chen et al. 2023.
+
+Everything per token (warp, sample, verify) runs in C on caller-visible buffers; this module checks
+dtypes and shapes, passes pointers, and maps each C status code to its own exception.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "AcceptanceParams",
+    "BadDistributionError",
+    "NativeArgumentError",
+    "NativeError",
+    "NativeSampler",
+    "NonFiniteLogitsError",
+    "Rng",
+    "SamplingParams",
+    "StepResult",
+    "binary_kl",
+    "cactus_gamma",
+]
+
+METHODS = ("sps", "cactus", "typical", "topk", "greedy")  # index = cg_method
+SOLVERS = ("taylor", "exact")  # index = cg_solver
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+class NativeError(RuntimeError):
+    """A call into the native helper failed."""
+
+
+class NativeArgumentError(NativeError, ValueError):
+    """CG_ERR_BAD_ARGUMENT: a token id outside [0, V), or a parameter outside its range."""
+
+
+class NonFiniteLogitsError(NativeError):
+    """CG_ERR_NONFINITE_LOGITS: a logits row holds NaN or +inf, or is -inf everywhere."""
+
+
+class BadDistributionError(NativeError):
+    """CG_ERR_BAD_DISTRIBUTION: a probability row holds a negative, NaN or inf entry, or sums to 0."""
+
+
+_CG_OK = 0
+_ERRORS = {
+    1: (NativeArgumentError, "invalid argument (a token id outside [0, V) or a parameter out of range)"),
+    2: (NonFiniteLogitsError, "non-finite logits (NaN or +inf, or every logit -inf)"),
+    3: (BadDistributionError, "bad probability row (negative, NaN or inf entry, or zero sum)"),
+}
+
+
+def _raise(status: int, where: str) -> None:
+    cls, what = _ERRORS.get(status, (NativeError, f"unknown status {status}"))
+    raise cls(f"{where}: {what}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Library and C structs (mirrors of cactus_native.h)
+# ---------------------------------------------------------------------------------------------
+
+
+def _load_library() -> ctypes.CDLL:
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"_cactus_native{suffix}"
+        if path.exists():
+            return ctypes.CDLL(str(path))
+    raise ImportError(
+        f"native helper _cactus_native*.so not found in {here}; fix: reinstall with `pip install .`"
+    )
+
+
+class _SamplerParamsC(ctypes.Structure):
+    _fields_ = [
+        ("temperature", ctypes.c_float),
+        ("top_k", ctypes.c_int32),
+        ("top_p", ctypes.c_float),
+        ("min_p", ctypes.c_float),
+    ]
+
+
+class _AcceptParamsC(ctypes.Structure):
+    _fields_ = [
+        ("method", ctypes.c_int32),
+        ("solver", ctypes.c_int32),
+        ("delta", ctypes.c_double),
+        ("typical_epsilon", ctypes.c_double),
+        ("typical_alpha", ctypes.c_double),
+        ("accept_top_k", ctypes.c_int32),
+    ]
+
+
+class _RngC(ctypes.Structure):
+    _fields_ = [("s", ctypes.c_uint64 * 4)]
+
+
+class _StepResultC(ctypes.Structure):
+    _fields_ = [
+        ("n_accepted", ctypes.c_int32),
+        ("next_token", ctypes.c_int32),
+        ("n_evaluated", ctypes.c_int32),
+        ("kl_sum", ctypes.c_double),
+        ("kl_max", ctypes.c_double),
+    ]
+
+
+_lib = _load_library()
+_P = ctypes.c_void_p  # every pointer crosses as a plain integer address
+_i32 = ctypes.c_int32
+
+
+def _bind(name: str, restype, argtypes):
+    fn = getattr(_lib, name)
+    fn.restype = restype
+    fn.argtypes = argtypes
+    return fn
+
+
+_rng_seed = _bind("cg_rng_seed", None, [_P, ctypes.c_uint64])
+_rng_uniform = _bind("cg_rng_uniform", ctypes.c_double, [_P])
+_workspace_size = _bind("cg_workspace_size", ctypes.c_int64, [_i32])
+_warp = _bind("cg_warp", ctypes.c_int, [_P, _i32, _i32, _P, _P, _P])
+_sample_probs = _bind("cg_sample_probs", ctypes.c_int, [_P, _i32, _P, _P])
+_warp_sample = _bind("cg_warp_sample", ctypes.c_int, [_P, _i32, _i32, _P, _P, _P, _P, _P])
+_cactus_gamma = _bind("cg_cactus_gamma", ctypes.c_double, [ctypes.c_double, ctypes.c_double, _i32])
+_verify = _bind("cg_verify", ctypes.c_int, [_P, _P, _P, _i32, _i32, _P, _P, _P, _P, _P])
+
+_F32 = np.dtype(np.float32)
+_I32 = np.dtype(np.int32)
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration and results
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling warps, applied in llama.cpp's default order: top-k, top-p, min-p, temperature.
+
+    Defaults are llama.cpp's. Values cross into C as float32 (temperature, top_p, min_p).
+
+    - ``temperature``: > 0 scales the logits; <= 0 means greedy (one-hot at the argmax, ties -> lowest id).
+    - ``top_k``: keep the ``top_k`` largest logits (ties -> lowest id); 0 = off.
+    - ``top_p``: keep the smallest descending prefix with cumulative prob >= top_p, in (0, 1]; 1 = off.
+    - ``min_p``: keep prob >= min_p * max prob, in [0, 1]; 0 = off.
+
+    top-p and min-p use softmax at temperature 1 over the tokens still kept.
+    Raises ValueError on an out-of-range value.
+    """
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not _is_real(self.temperature) or math.isnan(self.temperature):
+            raise ValueError(f"temperature must be a number (<= 0 for greedy), got {self.temperature!r}")
+        if not _is_int(self.top_k) or not 0 <= self.top_k < 2**31:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
+
+
+@dataclass(frozen=True)
+class AcceptanceParams:
+    """How the verifier accepts drafted tokens (see shared/cactus-notes.md for the math).
+
+    - ``method``: ``"sps"`` (h = q, exact), ``"cactus"`` (max acceptance s.t. KL(h||q) <= delta),
+      ``"typical"`` (q[n] > min(eps, alpha exp(-H(q))), else argmax q), ``"topk"`` (n in the
+      verifier's top ``accept_top_k``), ``"greedy"`` (x ~ q; accept while x == n).
+    - ``delta``: Cactus KL budget in nats, >= 0 (0 is exactly SpS).
+    - ``solver``: Cactus gamma, ``"taylor"`` (the paper's closed form) or ``"exact"`` (binary-KL root).
+    - ``typical_epsilon``, ``typical_alpha``: >= 0 (vLLM defaults 0.09, 0.3).
+    - ``accept_top_k``: >= 1 (the authors' default 5).
+
+    Every field is validated whatever the method. Raises ValueError on an out-of-range value.
+    """
+
+    method: str = "cactus"
+    delta: float = 1.0
+    solver: str = "taylor"
+    typical_epsilon: float = 0.09
+    typical_alpha: float = 0.3
+    accept_top_k: int = 5
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
+        if not _is_real(self.delta) or not self.delta >= 0.0:
+            raise ValueError(f"delta must be >= 0 nats, got {self.delta!r}")
+        if self.solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {', '.join(SOLVERS)}; got {self.solver!r}")
+        if not _is_real(self.typical_epsilon) or not self.typical_epsilon >= 0.0:
+            raise ValueError(f"typical_epsilon must be >= 0, got {self.typical_epsilon!r}")
+        if not _is_real(self.typical_alpha) or not self.typical_alpha >= 0.0:
+            raise ValueError(f"typical_alpha must be >= 0, got {self.typical_alpha!r}")
+        if not _is_int(self.accept_top_k) or not 1 <= self.accept_top_k < 2**31:
+            raise ValueError(f"accept_top_k must be an integer >= 1, got {self.accept_top_k!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """Outcome of one verification step.
+
+    - ``n_accepted``: acceptance length AL, accepted drafts ``0..k``.
+    - ``next_token``: the residual token (``n_accepted < k``) or the bonus token (``n_accepted == k``).
+    - ``n_evaluated``: drafted positions that went through the test, ``min(AL + 1, k)``.
+    - ``kl_sum``, ``kl_max``: sum and max over evaluated positions of KL(h || q), nats (max 0 if none;
+      +inf for ``topk`` when its top set holds a token with q = 0).
+    """
+
+    n_accepted: int
+    next_token: int
+    n_evaluated: int
+    kl_sum: float
+    kl_max: float
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_seed(seed) -> int:
+    if not _is_int(seed) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    return int(seed)
+
+
+class Rng:
+    """The C generator (xoshiro256** seeded by splitmix64) as an object; for tests and tools.
+
+    ``Rng(seed)`` gives the stream a ``NativeSampler`` with the same seed consumes.
+    """
+
+    __slots__ = ("_c",)
+
+    def __init__(self, seed: int) -> None:
+        self._c = _RngC()
+        _rng_seed(ctypes.addressof(self._c), _check_seed(seed))
+
+    def uniform(self) -> float:
+        """One uniform double in [0, 1) (53 random bits)."""
+        return _rng_uniform(ctypes.addressof(self._c))
+
+    def uniforms(self, n: int) -> np.ndarray:
+        """The next ``n`` uniforms: float64 [n]."""
+        a = ctypes.addressof(self._c)
+        return np.array([_rng_uniform(a) for _ in range(n)], dtype=np.float64)
+
+    def copy(self) -> Rng:
+        """An independent generator at the same point of the stream."""
+        other = Rng.__new__(Rng)
+        other._c = _RngC()
+        ctypes.pointer(other._c)[0] = self._c
+        return other
+
+    @property
+    def state(self) -> tuple[int, int, int, int]:
+        """The four 64-bit words of the xoshiro256** state."""
+        return tuple(self._c.s)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampler
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_logits_row(logits, n_vocab: int, name: str = "logits") -> None:
+    if (
+        type(logits) is not np.ndarray
+        or logits.dtype != _F32
+        or logits.ndim != 1
+        or not 1 <= logits.shape[0] <= n_vocab
+        or not logits.flags.c_contiguous
+    ):
+        raise ValueError(f"{name} must be a C-contiguous float32 array [n], 1 <= n <= V={n_vocab}")
+
+
+def _check_probs_out(out, n_vocab: int, name: str) -> None:
+    if (
+        type(out) is not np.ndarray
+        or out.dtype != _F32
+        or out.shape != (n_vocab,)
+        or not out.flags.c_contiguous
+        or not out.flags.writeable
+    ):
+        raise ValueError(f"{name} must be a writable C-contiguous float32 array [V={n_vocab}]")
+
+
+class NativeSampler:
+    """Warping, sampling and draft verification for one decoding stream.
+
+    Owns its RNG state (seeded from ``seed``; two samplers never share state) and one preallocated
+    workspace, so the per-token calls allocate nothing (except ``warp``, which returns a new array).
+    Not thread-safe: use one sampler per stream.
+
+    Args:
+        n_vocab: V, the verifier's vocabulary size (>= 1).
+        sampling: the warps applied to both the draft and the verifier logits.
+        acceptance: the acceptance rule used by ``verify``.
+        seed: integer in [0, 2**64).
+    Raises:
+        ValueError: on an invalid argument.
+    """
+
+    __slots__ = (
+        "n_vocab", "sampling", "acceptance", "_rng", "_rng_p", "_sp", "_sp_p", "_ap", "_ap_p",
+        "_work", "_work_p", "_probs", "_probs_p", "_tok", "_tok_p", "_res", "_res_p",
+    )
+
+    def __init__(
+        self, n_vocab: int, sampling: SamplingParams, acceptance: AcceptanceParams, seed: int
+    ) -> None:
+        if not _is_int(n_vocab) or not 1 <= n_vocab < 2**31:
+            raise ValueError(f"n_vocab must be an integer in [1, 2**31), got {n_vocab!r}")
+        if not isinstance(sampling, SamplingParams):
+            raise ValueError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        if not isinstance(acceptance, AcceptanceParams):
+            raise ValueError(f"acceptance must be an AcceptanceParams, got {type(acceptance).__name__}")
+        self.n_vocab = int(n_vocab)
+        self.sampling = sampling
+        self.acceptance = acceptance
+        self._rng = Rng(seed)
+        self._rng_p = ctypes.addressof(self._rng._c)
+        self._sp = _SamplerParamsC(
+            sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
+        )
+        self._sp_p = ctypes.addressof(self._sp)
+        self._ap = _AcceptParamsC(
+            METHODS.index(acceptance.method),
+            SOLVERS.index(acceptance.solver),
+            acceptance.delta,
+            acceptance.typical_epsilon,
+            acceptance.typical_alpha,
+            acceptance.accept_top_k,
+        )
+        self._ap_p = ctypes.addressof(self._ap)
+        self._work = np.empty(_workspace_size(self.n_vocab), dtype=np.float32)
+        self._work_p = _addr(self._work)
+        self._probs = np.empty(self.n_vocab, dtype=np.float32)
+        self._probs_p = _addr(self._probs)
+        self._tok = ctypes.c_int32(0)
+        self._tok_p = ctypes.addressof(self._tok)
+        self._res = _StepResultC()
+        self._res_p = ctypes.addressof(self._res)
+
+    # -- warping and sampling ---------------------------------------------------------------
+
+    def warp(self, logits: np.ndarray) -> np.ndarray:
+        """Warped distribution of one logits row.
+
+        Args:
+            logits: float32 [n], 1 <= n <= V, C-contiguous; entries [n, V) get probability 0.
+        Returns:
+            float32 [V], sums to 1, zeros outside the kept set (a new array).
+        Raises:
+            ValueError: bad dtype/shape. NonFiniteLogitsError: NaN/+inf, or all -inf.
+        """
+        out = np.empty(self.n_vocab, dtype=np.float32)
+        self.warp_into(logits, out)
+        return out
+
+    def warp_into(self, logits: np.ndarray, out: np.ndarray) -> None:
+        """Like ``warp``, writing into ``out``: float32 [V], writable, C-contiguous."""
+        _check_logits_row(logits, self.n_vocab)
+        _check_probs_out(out, self.n_vocab, "out")
+        st = _warp(_addr(logits), logits.shape[0], self.n_vocab, self._sp_p, _addr(out), self._work_p)
+        if st != _CG_OK:
+            _raise(st, "cg_warp")
+
+    def sample(self, logits: np.ndarray) -> int:
+        """Warp then draw one token (the verifier-alone baseline). One uniform per call.
+
+        Args:
+            logits: float32 [n], 1 <= n <= V, C-contiguous.
+        Returns:
+            token id in [0, n).
+        Raises:
+            ValueError: bad dtype/shape. NonFiniteLogitsError: NaN/+inf, or all -inf.
+        """
+        _check_logits_row(logits, self.n_vocab)
+        st = _warp_sample(
+            _addr(logits), logits.shape[0], self.n_vocab, self._sp_p, self._rng_p,
+            self._probs_p, self._work_p, self._tok_p,
+        )
+        if st != _CG_OK:
+            _raise(st, "cg_warp_sample")
+        return self._tok.value
+
+    def draft(self, logits: np.ndarray, probs_out: np.ndarray) -> int:
+        """The draft's per-token call: warp into ``probs_out`` and draw from it. One uniform per call.
+
+        Args:
+            logits: float32 [n], 1 <= n <= V, C-contiguous (the draft's vocabulary may be a prefix).
+            probs_out: float32 [V], writable, C-contiguous, e.g. row i of the draft_probs [k, V] buffer
+                later passed to ``verify``.
+        Returns:
+            the drafted token id.
+        Raises:
+            ValueError: bad dtype/shape. NonFiniteLogitsError: NaN/+inf, or all -inf.
+        """
+        _check_logits_row(logits, self.n_vocab)
+        _check_probs_out(probs_out, self.n_vocab, "probs_out")
+        st = _warp_sample(
+            _addr(logits), logits.shape[0], self.n_vocab, self._sp_p, self._rng_p,
+            _addr(probs_out), self._work_p, self._tok_p,
+        )
+        if st != _CG_OK:
+            _raise(st, "cg_warp_sample")
+        return self._tok.value
+
+    # -- verification -------------------------------------------------------------------------
+
+    def verify(
+        self,
+        draft_probs: np.ndarray | None,
+        draft_tokens: np.ndarray,
+        verifier_logits: np.ndarray,
+    ) -> StepResult:
+        """One draft-verify step with the configured acceptance rule.
+
+        Args:
+            draft_probs: float32 [k, V] warped draft distributions p (C-contiguous), or None for a
+                deterministic drafter (p one-hot at each drafted token).
+            draft_tokens: int32 [k] drafted token ids in [0, V), C-contiguous.
+            verifier_logits: float32 [k+1, V] raw verifier logits, C-contiguous (read in place, e.g.
+                a zero-copy view on llama.cpp's logits; a flat [(k+1)*V] array is accepted too).
+                Row i scores draft position i, row k the bonus position.
+        Returns:
+            StepResult (AL, the residual or bonus token, positions evaluated, KL(h||q) in nats).
+        Raises:
+            ValueError: bad dtype/shape/contiguity. NativeArgumentError (a ValueError): a token id
+            outside [0, V). NonFiniteLogitsError: a NaN/+inf or all -inf verifier row that was
+            needed. BadDistributionError: a draft_probs row with a negative/NaN/inf entry or zero sum.
+        """
+        n_vocab = self.n_vocab
+        if (
+            type(draft_tokens) is not np.ndarray
+            or draft_tokens.dtype != _I32
+            or draft_tokens.ndim != 1
+            or not draft_tokens.flags.c_contiguous
+        ):
+            raise ValueError("draft_tokens must be a C-contiguous int32 array [k]")
+        k = draft_tokens.shape[0]
+        vl_shape = verifier_logits.shape if type(verifier_logits) is np.ndarray else None
+        if (
+            (vl_shape != (k + 1, n_vocab) and vl_shape != ((k + 1) * n_vocab,))
+            or verifier_logits.dtype != _F32
+            or not verifier_logits.flags.c_contiguous
+        ):
+            raise ValueError(
+                f"verifier_logits must be a C-contiguous float32 array [k+1={k + 1}, V={n_vocab}]"
+            )
+        if draft_probs is None:
+            dp = 0
+        else:
+            if (
+                type(draft_probs) is not np.ndarray
+                or draft_probs.dtype != _F32
+                or draft_probs.shape != (k, n_vocab)
+                or not draft_probs.flags.c_contiguous
+            ):
+                raise ValueError(
+                    f"draft_probs must be None or a C-contiguous float32 array [k={k}, V={n_vocab}]"
+                )
+            dp = _addr(draft_probs)
+        st = _verify(
+            dp, _addr(draft_tokens), _addr(verifier_logits), k, n_vocab,
+            self._sp_p, self._ap_p, self._rng_p, self._work_p, self._res_p,
+        )
+        if st != _CG_OK:
+            _raise(st, "cg_verify")
+        r = self._res
+        return StepResult(r.n_accepted, r.next_token, r.n_evaluated, r.kl_sum, r.kl_max)
+
+    # -- randomness ---------------------------------------------------------------------------
+
+    def peek_uniforms(self, n: int) -> np.ndarray:
+        """The next ``n`` uniforms this sampler would draw, without advancing it: float64 [n].
+
+        Every call draws in a documented order (see ``native/cactus_native.h``), so a reference
+        implementation fed these values reproduces the sampler's decisions.
+        """
+        return self._rng.copy().uniforms(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalar helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def cactus_gamma(q_n: float, delta: float, solver: str = "taylor") -> float:
+    """Cactus target mass on the drafted token, gamma(q[n], delta) (Hao & Mou 2026).
+
+    Taylor: ``min(1, q_n + sqrt(2 delta q_n (1 - q_n)))``. Exact: the root in [q_n, 1] of
+    ``binary_kl(gamma, q_n) = delta``, or 1 when ``-log q_n <= delta``. q_n = 0 -> 0; q_n = 1 -> 1;
+    delta = 0 -> q_n exactly.
+
+    Args:
+        q_n: verifier probability of the drafted token, in [0, 1].
+        delta: KL budget in nats, >= 0.
+        solver: ``"taylor"`` or ``"exact"``.
+    Raises:
+        ValueError: an argument out of range.
+    """
+    if not _is_real(q_n) or not 0.0 <= q_n <= 1.0:
+        raise ValueError(f"q_n must be in [0, 1], got {q_n!r}")
+    if not _is_real(delta) or not delta >= 0.0:
+        raise ValueError(f"delta must be >= 0 nats, got {delta!r}")
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {', '.join(SOLVERS)}; got {solver!r}")
+    return _cactus_gamma(float(q_n), float(delta), SOLVERS.index(solver))
+
+
+def binary_kl(gamma: float, q: float) -> float:
+    """KL(Bern(gamma) || Bern(q)) in nats, with 0 log 0 = 0 (+inf when q = 0 < gamma or gamma < 1 = q).
+
+    For the Cactus target h (h[n] = gamma, the rest q rescaled) this is exactly KL(h || q).
+    Raises ValueError unless both are in [0, 1].
+    """
+    if not _is_real(gamma) or not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
+    if not _is_real(q) or not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q!r}")
+
+    def term(a: float, b: float) -> float:
+        if a == 0.0:
+            return 0.0
+        if b == 0.0:
+            return math.inf
+        return a * math.log(a / b)
+
+    return term(gamma, q) + term(1.0 - gamma, 1.0 - q)

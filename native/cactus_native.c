@@ -1,0 +1,1208 @@
+/*
+ * cactus_native.c - implementation of cactus_native.h (read the header first: it defines V, k, p, q, h,
+ * drafted / accepted / residual / bonus and AL).
+ *
+ * Sections:
+ *   1. RNG            xoshiro256** seeded by splitmix64
+ *   2. Validation     argument and distribution checks shared by the entry points
+ *   3. Workspace      how the caller's float scratch is carved into typed regions
+ *   4. Selection      O(V) radix selection of a prefix of the order (value desc, token id asc)
+ *   5. Warp           top-k -> top-p -> min-p -> temperature (llama.cpp's default order)
+ *   6. Sampling       inverse-CDF draws with the last-index guard
+ *   7. Cactus gamma   Taylor (paper) and exact (binary-KL root) solvers
+ *   8. Verification   one draft-verify step for every cg_method
+ *
+ * Rules: Y. Hao, L. Mou, "Cactus: Accelerating Auto-Regressive Decoding with Constrained Acceptance
+ * Speculative Sampling", ICLR 2026, arXiv:2604.04987 (Cactus); Leviathan et al. 2023 and Chen et al.
+ * 2023 (SpS); Cai et al. 2024 and vLLM (typical acceptance).
+ *
+ * Floating point: probabilities are stored as float32, every sum, ratio and the Cactus target is
+ * computed in double. Sums over a row are sequential in token-id order and skip zero terms (adding
+ * +0.0 is exact, so they equal the plain sequential sum a reference computes with cumsum). Built
+ * with -std=c11, GCC does not contract a*b-c into an FMA, so results match a NumPy reference
+ * operation for operation.
+ */
+#include "cactus_native.h"
+
+#include <float.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h> /* qsort (sorts in place, allocates nothing) */
+#include <string.h> /* memcpy, memset */
+
+/* ================================================================================================
+ * 1. RNG
+ * ============================================================================================= */
+
+/* splitmix64 (Steele, Lea, Flood 2014): expands one 64-bit seed into the xoshiro state. */
+static uint64_t splitmix64_next(uint64_t *x)
+{
+    uint64_t z = (*x += UINT64_C(0x9e3779b97f4a7c15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl64(uint64_t x, int s) { return (x << s) | (x >> (64 - s)); }
+
+/* xoshiro256** 1.0 (Blackman, Vigna 2018). */
+static inline uint64_t xoshiro_next(cg_rng *rng)
+{
+    uint64_t *s = rng->s;
+    const uint64_t result = rotl64(s[1] * 5, 7) * 9;
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl64(s[3], 45);
+    return result;
+}
+
+void cg_rng_seed(cg_rng *rng, uint64_t seed)
+{
+    if (!rng) {
+        return;
+    }
+    uint64_t x = seed;
+    for (int i = 0; i < 4; ++i) {
+        rng->s[i] = splitmix64_next(&x); /* never all zero: splitmix64 is a bijection of a counter */
+    }
+}
+
+double cg_rng_uniform(cg_rng *rng)
+{
+    if (!rng) {
+        return NAN; /* no generator: a NaN makes the misuse visible instead of a fake draw */
+    }
+    /* top 53 bits -> k * 2^-53, k in [0, 2^53): exactly representable, so the result is in [0, 1) */
+    return (double)(xoshiro_next(rng) >> 11) * 0x1.0p-53;
+}
+
+/* ================================================================================================
+ * 2. Validation
+ * ============================================================================================= */
+
+static cg_status check_sampler_params(const cg_sampler_params *sp)
+{
+    if (!sp) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    if (isnan(sp->temperature) || sp->top_k < 0) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    /* written so that NaN fails: top_p in (0, 1], min_p in [0, 1] */
+    if (!(sp->top_p > 0.0f && sp->top_p <= 1.0f) || !(sp->min_p >= 0.0f && sp->min_p <= 1.0f)) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    return CG_OK;
+}
+
+static cg_status check_accept_params(const cg_accept_params *ap)
+{
+    if (!ap) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    if (ap->method < CG_METHOD_SPS || ap->method > CG_METHOD_GREEDY) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    if (ap->solver != CG_SOLVER_TAYLOR && ap->solver != CG_SOLVER_EXACT) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    /* written so that NaN fails; delta = +inf is allowed (gamma = 1 whenever q[n] > 0) */
+    if (!(ap->delta >= 0.0) || !(ap->typical_epsilon >= 0.0) || !(ap->typical_alpha >= 0.0)) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    if (ap->accept_top_k < 1) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    return CG_OK;
+}
+
+/* A probability row (need not be normalised): every entry finite and >= 0, at least one > 0.
+ * Checked on the bit patterns u so that the loop vectorises: a float is finite and >= 0 iff
+ * u <= 0x7F7FFFFF (sign clear, exponent not all ones) or it is -0.0 (u = 0x80000000); it is > 0
+ * iff 0 < u <= 0x7F7FFFFF. NaN, +-inf and negatives all fail. */
+static cg_status check_prob_row(const float *p, int32_t n)
+{
+    uint32_t bad = 0;
+    uint32_t any_positive = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        uint32_t u;
+        memcpy(&u, &p[i], sizeof u);
+        bad |= (u > UINT32_C(0x7F7FFFFF)) & (u != UINT32_C(0x80000000));
+        any_positive |= (u - 1u) < UINT32_C(0x7F7FFFFF);
+    }
+    return (bad || !any_positive) ? CG_ERR_BAD_DISTRIBUTION : CG_OK;
+}
+
+/* ================================================================================================
+ * 3. Workspace
+ *
+ * The caller passes float scratch of cg_workspace_size(V) floats. It is untyped scratch (allocate it
+ * with malloc / numpy, do not pass a declared float array): it is carved into the regions below,
+ * each only ever accessed through its own type within a call. Layout, in floats:
+ *   [0, 1)                    slack to reach 8-byte alignment
+ *   pairs  uint64 [V]         2V floats   (order key, token id) of selected candidates
+ *   mass   double [BINS]      2*BINS      radix histogram: weight per bin
+ *   cnt    uint32 [BINS]      BINS        radix histogram: count per bin
+ *   idx    int32  [V]         V           candidate / undecided token ids during a selection
+ *   bmax   float  [V/BLOCK]   ceil(V/64)  maximum logit of each block of 64 consecutive ids
+ *   q      float  [V]         V           cg_verify: the warped verifier distribution at a position
+ * ============================================================================================= */
+
+#define CG_BINS 2048 /* 2^11: the widest radix digit */
+#define CG_BLOCK 64  /* ids per block for the block maxima used by top-k */
+
+typedef struct {
+    uint64_t *pairs;
+    double *mass;
+    uint32_t *cnt;
+    int32_t *idx;
+    float *bmax;
+    float *q;
+} cg_ws;
+
+static inline int32_t n_blocks(int32_t n) { return (int32_t)(((int64_t)n + CG_BLOCK - 1) / CG_BLOCK); }
+
+int64_t cg_workspace_size(int32_t n_vocab)
+{
+    if (n_vocab < 1) {
+        return 0;
+    }
+    const int64_t v = n_vocab;
+    return 1 + 2 * v + 2 * CG_BINS + CG_BINS + v + n_blocks(n_vocab) + v;
+}
+
+static cg_ws ws_carve(float *work, int32_t n_vocab)
+{
+    const size_t v = (size_t)n_vocab;
+    uintptr_t base = (uintptr_t)work;
+    base = (base + 7u) & ~(uintptr_t)7u; /* a float pointer is 4-aligned, so this skips 0 or 1 float */
+    cg_ws ws;
+    ws.pairs = (uint64_t *)base;
+    ws.mass = (double *)(ws.pairs + v);
+    ws.cnt = (uint32_t *)(ws.mass + CG_BINS);
+    ws.idx = (int32_t *)(ws.cnt + CG_BINS);
+    ws.bmax = (float *)(ws.idx + v);
+    ws.q = ws.bmax + n_blocks(n_vocab);
+    return ws;
+}
+
+/* ================================================================================================
+ * 4. Selection
+ *
+ * The warps and the top-k acceptance all keep a prefix of one order: value descending, ties by
+ * token id ascending. We select such a prefix in O(n) with a three-level MSD radix partition on an
+ * order-preserving 32-bit key (digits of 11, 11 and 10 bits), then sort only the selected prefix.
+ * ============================================================================================= */
+
+#define CG_SMALL 32 /* undecided sets this small are finished by insertion sort */
+
+/* Order-preserving map float -> uint32 (a < b  <=>  key(a) < key(b)): negative floats get all bits
+ * flipped, non-negative ones the sign bit set. -0.0f is folded into +0.0f so that floats that compare
+ * equal get equal keys (ties then go by token id). NaN never reaches here (rejected before). */
+static inline uint32_t order_key(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if (u == UINT32_C(0x80000000)) {
+        u = 0;
+    }
+    return (u & UINT32_C(0x80000000)) ? ~u : (u | UINT32_C(0x80000000));
+}
+
+/* Pack (key, id) so that ascending uint64 order is (key descending, token id ascending). */
+static inline uint64_t pair_of(uint32_t key, int32_t id)
+{
+    return ((uint64_t)(~key) << 32) | (uint32_t)id;
+}
+
+static inline int32_t pair_id(uint64_t pr) { return (int32_t)(uint32_t)pr; }
+
+/* Insertion sort, ascending; O(m + inversions), so O(m) on already sorted input. */
+static void sort_pairs_insertion(uint64_t *a, int32_t m)
+{
+    for (int32_t i = 1; i < m; ++i) {
+        const uint64_t x = a[i];
+        int32_t j = i - 1;
+        while (j >= 0 && a[j] > x) {
+            a[j + 1] = a[j];
+            --j;
+        }
+        a[j + 1] = x;
+    }
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a;
+    const uint64_t y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sort selected pairs into (value desc, id asc): O(m log m). */
+static void sort_pairs(uint64_t *a, int32_t m)
+{
+    if (m <= CG_SMALL) {
+        sort_pairs_insertion(a, m);
+    } else {
+        qsort(a, (size_t)m, sizeof *a, cmp_u64);
+    }
+}
+
+/* The last selected element in the order (value desc, id asc): the largest pair. m >= 1. */
+static uint64_t last_pair(const uint64_t *a, int32_t m)
+{
+    uint64_t last = a[0];
+    for (int32_t j = 1; j < m; ++j) {
+        last = a[j] > last ? a[j] : last;
+    }
+    return last;
+}
+
+/*
+ * Select the shortest prefix P of the candidates, in the order (vals desc, id asc), whose cumulative
+ * weight reaches `target`:  sum_{i in P} w_i >= target  (w_i = w[i], or 1 when w is NULL: then P is
+ * the top-`target` set). Candidates: the ids ws->idx[0 .. n) when `from_idx` (ascending, finite
+ * values), else {i in [0, n): vals[i] > -inf}. If the total weight stays below the target (only
+ * rounding can do that for top-p), every candidate is kept.
+ * Writes P to ws->pairs[0 .. return value) as pair_of(key, id), in no particular order.
+ * Cost: two passes over the candidates, then passes over ever smaller undecided sets.
+ */
+static int32_t select_prefix(const float *vals, const float *w, int32_t n, int from_idx,
+                             double target, const cg_ws *ws)
+{
+    const int shifts[3] = {21, 10, 0};
+    const uint32_t masks[3] = {0x7FFu, 0x7FFu, 0x3FFu};
+    uint64_t *out = ws->pairs;
+    int32_t *idx = ws->idx; /* undecided ids, kept in ascending id order by stable compaction */
+    uint32_t *cnt = ws->cnt;
+    double *mass = ws->mass;
+    int32_t n_out = 0;
+    int32_t m = n;
+
+    if (!from_idx && n <= CG_SMALL) { /* tiny input: straight to the finish */
+        m = 0;
+        for (int32_t i = 0; i < n; ++i) {
+            if (vals[i] > -INFINITY) {
+                idx[m++] = i;
+            }
+        }
+        from_idx = 1;
+    }
+    for (int level = 0; level < 3; ++level) {
+        if ((level > 0 || from_idx) && m <= CG_SMALL) {
+            break;
+        }
+        const int sh = shifts[level];
+        const uint32_t mask = masks[level];
+        const uint32_t nb = mask + 1;
+        const int implicit = level == 0 && !from_idx; /* iterate [0, n) directly, skipping -inf */
+        const int32_t len = implicit ? n : m;
+        memset(cnt, 0, nb * sizeof *cnt);
+        if (w) {
+            for (uint32_t b = 0; b < nb; ++b) {
+                mass[b] = 0.0;
+            }
+        }
+        /* histogram of this digit over the undecided set */
+        for (int32_t j = 0; j < len; ++j) {
+            const int32_t i = implicit ? j : idx[j];
+            const float x = vals[i];
+            if (implicit && x == -INFINITY) {
+                continue;
+            }
+            const uint32_t b = (order_key(x) >> sh) & mask;
+            cnt[b]++;
+            if (w) {
+                mass[b] += (double)w[i];
+            }
+        }
+        /* walk bins from the largest values down to the bin where the target is reached */
+        double cum = 0.0;
+        int64_t bstar = -1;
+        for (int64_t b = (int64_t)nb - 1; b >= 0; --b) {
+            if (cnt[b] == 0) {
+                continue;
+            }
+            const double wb = w ? mass[b] : (double)cnt[b];
+            if (cum + wb >= target) {
+                bstar = b;
+                break;
+            }
+            cum += wb;
+        }
+        /* bins above bstar are kept whole; bin bstar stays undecided with the remaining target;
+         * bstar < 0 (total below target, by rounding): keep every undecided candidate */
+        const int keep_all = bstar < 0;
+        const uint32_t keep_above = keep_all ? 0u : (uint32_t)bstar;
+        target -= cum; /* > 0: cum < target held when the walk stopped */
+        int32_t m2 = 0;
+        for (int32_t j = 0; j < len; ++j) {
+            const int32_t i = implicit ? j : idx[j];
+            const float x = vals[i];
+            if (implicit && x == -INFINITY) {
+                continue;
+            }
+            const uint32_t key = order_key(x);
+            const uint32_t b = (key >> sh) & mask;
+            if (keep_all || b > keep_above) {
+                out[n_out++] = pair_of(key, i);
+            } else if (b == keep_above) {
+                idx[m2++] = i; /* m2 <= j: in-place compaction is safe */
+            }
+        }
+        if (keep_all) {
+            return n_out;
+        }
+        m = m2;
+    }
+
+    /* Finish: sort the undecided set (ids ascending; after all three digits their keys are equal and
+     * the insertion sort is O(m)), then keep its shortest prefix reaching the remaining target. */
+    uint64_t *rest = out + n_out;
+    for (int32_t j = 0; j < m; ++j) {
+        rest[j] = pair_of(order_key(vals[idx[j]]), idx[j]);
+    }
+    sort_pairs_insertion(rest, m);
+    double cum = 0.0;
+    for (int32_t j = 0; j < m; ++j) {
+        cum += w ? (double)w[pair_id(rest[j])] : 1.0;
+        if (cum >= target) {
+            return n_out + j + 1;
+        }
+    }
+    return n_out + m; /* rounding left the target unreached: keep all */
+}
+
+/* ================================================================================================
+ * 5. Warp
+ *
+ *   top-k:  keep the top_k largest logits (ties -> lowest id)
+ *   top-p:  with s = softmax(logits) at T = 1 over the kept tokens, sorted descending, keep the
+ *           shortest prefix with cumulative s >= top_p (always >= 1 token)
+ *   min-p:  keep s_i >= min_p * max_j s_j  <=>  l_i - l_max >= log(min_p)   (the normaliser cancels)
+ *   temp.:  probs_i = exp((l_i - l_max) / T) / Z over the kept tokens, 0 elsewhere
+ * Max-subtraction guard: every exponent is <= 0 and the argmax (always kept) contributes exp(0) = 1,
+ * so nothing overflows and every normaliser Z is >= 1 (no division by zero).
+ * ============================================================================================= */
+
+/* Signed order key: for non-NaN floats, a < b  =>  skey(a) < skey(b) as int32 (and -0.0 < +0.0).
+ * Negative floats get their magnitude bits flipped. +inf maps to SKEY_POS_INF, -inf to SKEY_NEG_INF;
+ * positive NaNs map above SKEY_POS_INF and negative NaNs below SKEY_NEG_INF, so one integer max and
+ * min per block detect them. Integer max/min/compare vectorise where float ones (NaN semantics) do not. */
+#define SKEY_POS_INF ((int32_t)0x7F800000)
+#define SKEY_NEG_INF (-(int32_t)0x7F800001) /* skey(-inf) = 0x807FFFFF as int32 */
+
+static inline int32_t skey(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u ^= (0u - (u >> 31)) & UINT32_C(0x7FFFFFFF);
+    return (int32_t)u; /* modular conversion (GCC, Clang, MSVC) */
+}
+
+static inline float from_skey(int32_t s)
+{
+    uint32_t u = (uint32_t)s;
+    u ^= (0u - (u >> 31)) & UINT32_C(0x7FFFFFFF);
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/*
+ * exp(x) for x <= 0 in float, branch-free so that the V-long loops vectorise (libm's expf does not).
+ * Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2 (ln2 split in a 9-bit head, so n * head is exact),
+ * then the degree-7 Taylor polynomial of e^r (truncation < 6e-9 relative) and 2^n built in the
+ * exponent bits. Max relative error 1.7 ulp over [-87.3, 0] (checked against double exp).
+ * Guard: x below -87.34 (where 2^n would leave the normal range) and -inf give 0; the clamp happens
+ * in integer key space, so no float select blocks vectorisation. x must not be NaN (callers form
+ * x = (l - l_max) * inv_t with inv_t > 0 finite, so it cannot be).
+ * Needs IEEE binary32 floats and round-to-nearest (the +1.5*2^23 rounding trick).
+ */
+static inline float exp_nonpos(float x)
+{
+    const int32_t k_lo = skey(-87.33654f);
+    const int32_t kx = skey(x);
+    const int32_t flush = kx < k_lo; /* below range, or -inf */
+    const float xc = from_skey(flush ? k_lo : kx);
+    const float nf = (xc * 1.44269504088896341f + 0x1.8p23f) - 0x1.8p23f; /* round(x / ln2) */
+    const float r = (xc - nf * 0.693359375f) + nf * 2.12194440e-4f;        /* x - n ln2 */
+    float poly = 1.0f / 5040.0f;
+    poly = poly * r + 1.0f / 720.0f;
+    poly = poly * r + 1.0f / 120.0f;
+    poly = poly * r + 1.0f / 24.0f;
+    poly = poly * r + 1.0f / 6.0f;
+    poly = poly * r + 0.5f;
+    poly = poly * r + 1.0f;
+    poly = poly * r + 1.0f;
+    const int32_t n = (int32_t)nf; /* in [-126, 0] */
+    const uint32_t bits = flush ? 0u : (uint32_t)(n + 127) << 23; /* 2^n, or 0 to flush */
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return poly * two_n;
+}
+
+_Static_assert(sizeof(float) == 4 && FLT_MANT_DIG == 24, "IEEE binary32 float required");
+
+/* Scan a logits row: reject NaN and +inf, count the finite logits, and record the maximum of each
+ * block of CG_BLOCK ids in bmax (in integer key space: see skey). */
+static cg_status scan_row(const float *l, int32_t n, float *bmax, float *l_max, int32_t *n_finite)
+{
+    const int32_t nb = n_blocks(n);
+    int32_t k_row = INT32_MIN;
+    int32_t nf = 0;
+    for (int32_t b = 0; b < nb; ++b) {
+        const int32_t lo = b * CG_BLOCK;
+        const int32_t hi = n - lo < CG_BLOCK ? n : lo + CG_BLOCK;
+        int32_t k_max = INT32_MIN;
+        int32_t k_min = INT32_MAX;
+        int32_t fin = 0;
+        for (int32_t i = lo; i < hi; ++i) {
+            const int32_t k = skey(l[i]);
+            k_max = k > k_max ? k : k_max;
+            k_min = k < k_min ? k : k_min;
+            fin += k > SKEY_NEG_INF;
+        }
+        if (k_max >= SKEY_POS_INF || k_min < SKEY_NEG_INF) {
+            return CG_ERR_NONFINITE_LOGITS; /* +inf or a NaN */
+        }
+        bmax[b] = from_skey(k_max);
+        k_row = k_max > k_row ? k_max : k_row;
+        nf += fin;
+    }
+    if (nf == 0) {
+        return CG_ERR_NONFINITE_LOGITS; /* every logit is -inf: no distribution */
+    }
+    *l_max = from_skey(k_row);
+    *n_finite = nf;
+    return CG_OK;
+}
+
+/* Lowest id holding the maximum m: the first block whose max is m, then the first id in it. */
+static int32_t first_argmax(const float *l, int32_t n, const float *bmax, float m)
+{
+    int32_t b = 0;
+    while (bmax[b] != m) {
+        ++b;
+    }
+    int32_t i = b * CG_BLOCK;
+    while (i < n && l[i] != m) {
+        ++i;
+    }
+    return i;
+}
+
+/* Ids i with l[i] >= thr and l[i] > -inf, ascending, into idx; returns their count. Reads only the
+ * blocks whose maximum reaches thr. */
+static int32_t collect_at_least(const float *l, int32_t n, const float *bmax, float thr, int32_t *idx)
+{
+    const int32_t nb = n_blocks(n);
+    int32_t c = 0;
+    for (int32_t b = 0; b < nb; ++b) {
+        if (bmax[b] >= thr && bmax[b] > -INFINITY) {
+            const int32_t hi = n - b * CG_BLOCK < CG_BLOCK ? n : (b + 1) * CG_BLOCK;
+            for (int32_t i = b * CG_BLOCK; i < hi; ++i) {
+                if (l[i] >= thr && l[i] > -INFINITY) {
+                    idx[c++] = i;
+                }
+            }
+        }
+    }
+    return c;
+}
+
+/*
+ * Top-k candidates into ws->idx (ascending ids), a superset of the top k, usually a few k ids.
+ * Bound: the k largest block maxima are k distinct logits, so the k-th largest logit is >= t0, the
+ * k-th largest block maximum. Hence every top-k logit is >= t0 and lies in a block whose max >= t0;
+ * only those blocks are read. With fewer than k finite blocks, t0 = -inf (every finite logit).
+ * Cost: O(V / CG_BLOCK) for the block selection plus CG_BLOCK per block read.
+ */
+static int32_t topk_candidates(const float *l, int32_t n, int32_t top_k, const cg_ws *ws)
+{
+    const int32_t nb = n_blocks(n);
+    float t0 = -INFINITY;
+    if (nb > top_k) {
+        const int32_t kb = select_prefix(ws->bmax, NULL, nb, 0, (double)top_k, ws);
+        if (kb == top_k) {
+            t0 = ws->bmax[pair_id(last_pair(ws->pairs, kb))];
+        }
+    }
+    return collect_at_least(l, n, ws->bmax, t0, ws->idx);
+}
+
+/*
+ * Top-p candidates into ws->idx (ascending ids): a superset of the top-p prefix P, given the weights
+ * w_i = exp(l_i - l_max) and their sum z over the n_finite finite logits.
+ * Bound: with c = (1 - top_p) z / n_finite, the tokens with w < c weigh less than c n_finite =
+ * (1 - top_p) z in total, so {w >= c} already weighs more than top_p z and, being a top set,
+ * contains the shortest one, P. We cut in logit space, l >= l_max + log(c) - 1e-3 (a top set for
+ * sure, and the 1e-3 margin covers the error of exp_nonpos), reading only blocks that reach it.
+ * For peaked (LLM-like) distributions this leaves a few hundred of the V tokens.
+ */
+static int32_t topp_candidates(const float *l, int32_t n, float l_max, double z, int32_t n_finite,
+                               float top_p, const cg_ws *ws)
+{
+    const double c = (1.0 - (double)top_p) * z / (double)n_finite;
+    const float thr = (float)((double)l_max + log(c) - 1e-3);
+    return collect_at_least(l, n, ws->bmax, thr, ws->idx);
+}
+
+/*
+ * e_i = exp((l_i - l_max) * inv_t) for ids whose key skey(l_i) >= k_thr, else 0, into e[0 .. n);
+ * returns sum_i e_i. The difference is formed in float: it is exact when l_i is within a factor 2
+ * of l_max (Sterbenz) and otherwise off by 2^-24 relative, which moves e_i by < 1e-7 of the max.
+ * Four double accumulators keep the sum vectorisable (the order is fixed, so it is deterministic).
+ */
+static double dense_exp(const float *l, int32_t n, float l_max, float inv_t, int32_t k_thr, float *e)
+{
+    for (int32_t i = 0; i < n; ++i) {
+        const float x = l[i];
+        const float v = exp_nonpos((x - l_max) * inv_t);
+        uint32_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        bits &= 0u - (uint32_t)(skey(x) >= k_thr); /* all ones to keep, zero to drop */
+        memcpy(&e[i], &bits, sizeof bits);
+    }
+    double zl[4] = {0.0, 0.0, 0.0, 0.0};
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        for (int t = 0; t < 4; ++t) {
+            zl[t] += (double)e[i + t];
+        }
+    }
+    for (; i < n; ++i) {
+        zl[0] += (double)e[i];
+    }
+    return (zl[0] + zl[1]) + (zl[2] + zl[3]);
+}
+
+/* Arguments already validated; ws carved. probs must not overlap logits (it doubles as scratch). */
+static cg_status warp_row(const float *logits, int32_t n_logits, int32_t n_vocab,
+                          const cg_sampler_params *sp, float *probs, const cg_ws *ws)
+{
+    float l_max;
+    int32_t n_finite;
+    const cg_status st = scan_row(logits, n_logits, ws->bmax, &l_max, &n_finite);
+    if (st != CG_OK) {
+        return st;
+    }
+    /* entries past the draft's logits (a draft vocabulary that is a prefix) have probability 0 */
+    if (n_vocab > n_logits) {
+        memset(probs + n_logits, 0, (size_t)(n_vocab - n_logits) * sizeof *probs);
+    }
+
+    if (!(sp->temperature > 0.0f)) { /* greedy: one-hot at the lowest argmax (every warp keeps it) */
+        memset(probs, 0, (size_t)n_logits * sizeof *probs);
+        probs[first_argmax(logits, n_logits, ws->bmax, l_max)] = 1.0f;
+        return CG_OK;
+    }
+
+    const double md = (double)l_max;
+    const double inv_t = 1.0 / (double)sp->temperature;
+    /* float 1/T for the dense loops, kept >= FLT_MIN: T = +inf would give 0 and (-inf) * 0 = NaN;
+     * FLT_MIN still maps every finite logit to exp(~0) = 1 (the uniform limit) */
+    const float inv_t_f = (float)inv_t > FLT_MIN ? (float)inv_t : FLT_MIN;
+    const int use_min_p = sp->min_p > 0.0f;
+    const double log_min_p = use_min_p ? log((double)sp->min_p) : 0.0; /* <= 0: the argmax passes */
+    uint64_t *list = ws->pairs;
+    int32_t n_list = -1; /* -1: no explicit kept list; the kept set is every finite logit */
+
+    if (sp->top_k > 0 && sp->top_k < n_finite) {
+        const int32_t n_cand = topk_candidates(logits, n_logits, sp->top_k, ws);
+        n_list = select_prefix(logits, NULL, n_cand, 1, (double)sp->top_k, ws);
+        sort_pairs(list, n_list); /* O(top_k log top_k); top-p below needs the descending order */
+        if (sp->top_p < 1.0f) {
+            /* s_j = exp(l_j - l_max) / Z over the kept list; shortest prefix with sum s >= top_p */
+            double z = 0.0;
+            for (int32_t j = 0; j < n_list; ++j) {
+                z += exp((double)logits[pair_id(list[j])] - md);
+            }
+            double cum = 0.0;
+            for (int32_t j = 0; j < n_list; ++j) {
+                cum += exp((double)logits[pair_id(list[j])] - md) / z;
+                if (cum >= (double)sp->top_p) {
+                    n_list = j + 1;
+                    break;
+                }
+            }
+        }
+    } else if (sp->top_p < 1.0f) {
+        /* top-p over every finite logit: weights w_i = exp(l_i - l_max) (probs as scratch), then the
+         * shortest prefix of the descending order with sum w >= top_p * Z, by radix selection
+         * (the same prefix as sorting, in O(V)) */
+        const double z1 = dense_exp(logits, n_logits, l_max, 1.0f, SKEY_NEG_INF + 1, probs);
+        const int32_t n_cand = topp_candidates(logits, n_logits, l_max, z1, n_finite, sp->top_p, ws);
+        n_list = select_prefix(logits, probs, n_cand, 1, (double)sp->top_p * z1, ws);
+    }
+
+    double z = 0.0;
+    if (n_list >= 0) {
+        /* min-p on the kept list (in place), then softmax at T over what is left */
+        if (use_min_p) {
+            int32_t m = 0;
+            for (int32_t j = 0; j < n_list; ++j) {
+                if ((double)logits[pair_id(list[j])] - md >= log_min_p) {
+                    list[m++] = list[j];
+                }
+            }
+            n_list = m;
+        }
+        memset(probs, 0, (size_t)n_logits * sizeof *probs);
+        for (int32_t j = 0; j < n_list; ++j) {
+            const int32_t i = pair_id(list[j]);
+            const double e = exp(((double)logits[i] - md) * inv_t);
+            probs[i] = (float)e;
+            z += e;
+        }
+        const double inv_z = 1.0 / z; /* z >= 1: the argmax is in the list */
+        for (int32_t j = 0; j < n_list; ++j) {
+            const int32_t i = pair_id(list[j]);
+            probs[i] = (float)((double)probs[i] * inv_z);
+        }
+        return CG_OK;
+    }
+
+    /* Dense: every finite logit that passes min-p is kept: V exponentials (exp_nonpos). */
+    int32_t k_thr = SKEY_NEG_INF + 1; /* keep x > -inf */
+    if (use_min_p) {
+        /* the smallest float x with (double)x - l_max >= log(min_p), as a key threshold, so the
+         * V-long loop compares integers; (double)x - l_max is monotone in x, so this is exact */
+        float thr = (float)(md + log_min_p);
+        while ((double)thr - md < log_min_p) {
+            thr = nextafterf(thr, INFINITY);
+        }
+        while ((double)nextafterf(thr, -INFINITY) - md >= log_min_p) {
+            thr = nextafterf(thr, -INFINITY);
+        }
+        k_thr = skey(thr == 0.0f ? -0.0f : thr); /* -0.0 == +0.0: take the smaller key */
+    }
+    z = dense_exp(logits, n_logits, l_max, inv_t_f, k_thr, probs);
+    const double inv_z = 1.0 / z; /* z >= 1: the argmax contributes exp(0) */
+    for (int32_t i = 0; i < n_logits; ++i) {
+        probs[i] = (float)((double)probs[i] * inv_z);
+    }
+    return CG_OK;
+}
+
+static cg_status check_warp_args(const float *logits, int32_t n_logits, int32_t n_vocab,
+                                 const cg_sampler_params *sp, const float *probs, const float *work)
+{
+    if (!logits || !probs || !work || n_vocab < 1 || n_logits < 1 || n_logits > n_vocab) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    return check_sampler_params(sp);
+}
+
+cg_status cg_warp(const float *logits, int32_t n_logits, int32_t n_vocab,
+                  const cg_sampler_params *sp, float *probs, float *work)
+{
+    const cg_status st = check_warp_args(logits, n_logits, n_vocab, sp, probs, work);
+    if (st != CG_OK) {
+        return st;
+    }
+    const cg_ws ws = ws_carve(work, n_vocab);
+    return warp_row(logits, n_logits, n_vocab, sp, probs, &ws);
+}
+
+/* ================================================================================================
+ * 6. Sampling
+ *
+ * Inverse CDF: with weights w (not necessarily normalised) and W = sum_i w_i, a uniform u in [0, 1)
+ * picks the first i whose running sum exceeds t = u * W. Running sums are sequential in id order and
+ * skip zero weights (exact), so they reproduce W and never stop on a zero-weight token.
+ * Last-index guard: u * W can round up to W, leaving every running sum <= t; we then return the last
+ * token with positive weight instead of running off the end.
+ * ============================================================================================= */
+
+static int32_t pick_row(const float *w, int32_t n, double t)
+{
+    double cum = 0.0;
+    int32_t last = -1;
+    for (int32_t i = 0; i < n; ++i) {
+        const float x = w[i];
+        if (x > 0.0f) {
+            cum += (double)x;
+            last = i;
+            if (cum > t) {
+                return i;
+            }
+        }
+    }
+    return last; /* the last-index guard (see above) */
+}
+
+/* Sequential sum of a valid row (entries >= 0), zero terms skipped. */
+static double sum_row(const float *w, int32_t n)
+{
+    double s = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+        if (w[i] > 0.0f) {
+            s += (double)w[i];
+        }
+    }
+    return s;
+}
+
+/* Draw from a valid row with positive sum using the given uniform u. */
+static int32_t sample_row(const float *w, int32_t n, double u)
+{
+    return pick_row(w, n, u * sum_row(w, n));
+}
+
+cg_status cg_sample_probs(const float *probs, int32_t n_vocab, cg_rng *rng, int32_t *token)
+{
+    if (!probs || !rng || !token || n_vocab < 1) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    const cg_status st = check_prob_row(probs, n_vocab);
+    if (st != CG_OK) {
+        return st;
+    }
+    const double total = sum_row(probs, n_vocab);
+    if (!(total < INFINITY)) {
+        return CG_ERR_BAD_DISTRIBUTION; /* finite entries whose sum overflows */
+    }
+    *token = pick_row(probs, n_vocab, cg_rng_uniform(rng) * total);
+    return CG_OK;
+}
+
+cg_status cg_warp_sample(const float *logits, int32_t n_logits, int32_t n_vocab,
+                         const cg_sampler_params *sp, cg_rng *rng, float *probs, float *work,
+                         int32_t *token)
+{
+    cg_status st = check_warp_args(logits, n_logits, n_vocab, sp, probs, work);
+    if (st != CG_OK) {
+        return st;
+    }
+    if (!rng || !token) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    const cg_ws ws = ws_carve(work, n_vocab);
+    st = warp_row(logits, n_logits, n_vocab, sp, probs, &ws);
+    if (st != CG_OK) {
+        return st;
+    }
+    *token = sample_row(probs, n_vocab, cg_rng_uniform(rng)); /* exactly one uniform per call */
+    return CG_OK;
+}
+
+/* ================================================================================================
+ * 7. Cactus gamma
+ *
+ * Cactus (Hao & Mou 2026) maximises the acceptance of the drafted token n subject to KL(h || q) <= delta.
+ * The optimum keeps the shape of q off n:  h[n] = gamma,  h[i] = q[i] (1 - gamma) / (1 - q[n]),  and
+ * then KL(h || q) equals the binary KL
+ *     D(gamma || q_n) = gamma log(gamma / q_n) + (1 - gamma) log((1 - gamma) / (1 - q_n)).
+ * Taylor (the paper's closed form, from D ~ (gamma - q_n)^2 / (2 q_n (1 - q_n))):
+ *     gamma = min(1, q_n + sqrt(2 delta q_n (1 - q_n)))
+ * Exact: the root of D(gamma || q_n) = delta in [q_n, 1], or 1 when D(1 || q_n) = -log q_n <= delta.
+ * delta = 0 returns q_n exactly (both solvers), which makes Cactus bit-for-bit SpS.
+ * ============================================================================================= */
+
+/* D(g || q) with 0 log 0 = 0; +inf when g puts mass where q has none. */
+static double binary_kl(double g, double q)
+{
+    double a = 0.0;
+    double b = 0.0;
+    if (g > 0.0) {
+        a = g * log(g / q); /* q = 0 < g: +inf */
+    }
+    if (g < 1.0) {
+        b = (1.0 - g) * log((1.0 - g) / (1.0 - q)); /* q = 1 > g: +inf */
+    }
+    return a + b;
+}
+
+static double gamma_taylor(double q, double delta)
+{
+    const double g = q + sqrt(2.0 * delta * q * (1.0 - q));
+    return g < 1.0 ? g : 1.0;
+}
+
+/*
+ * f(g) = D(g || q) - delta on [q, 1]: f(q) = -delta < 0, f' = logit(g) - logit(q) >= 0 and
+ * f'' = 1 / (g (1 - g)) > 0, so f is increasing and convex with one root. Safeguarded Newton: keep a
+ * bracket [lo, hi] around the root, take the Newton step when it lands strictly inside the bracket,
+ * bisect otherwise (at g = q, f' = 0). Converges to ~1 ulp; capped at 200 iterations.
+ */
+static double gamma_exact(double q, double delta)
+{
+    if (-log(q) <= delta) {
+        return 1.0; /* f(1) = -log q - delta <= 0: even gamma = 1 fits the budget */
+    }
+    const double logit_q = log(q / (1.0 - q));
+    double lo = q;
+    double hi = 1.0;
+    double g = gamma_taylor(q, delta);
+    if (!(g > lo && g < hi)) {
+        g = 0.5 * (lo + hi);
+    }
+    for (int it = 0; it < 200; ++it) {
+        const double f = binary_kl(g, q) - delta;
+        if (f == 0.0) {
+            return g;
+        }
+        if (f > 0.0) {
+            hi = g;
+        } else {
+            lo = g;
+        }
+        const double slope = log(g / (1.0 - g)) - logit_q;
+        double g_next = g - f / slope;
+        if (!(g_next > lo && g_next < hi)) {
+            g_next = 0.5 * (lo + hi); /* Newton left the bracket, or slope = 0 */
+        }
+        if (g_next == g || hi - lo <= 2.0 * DBL_EPSILON * hi) {
+            return g_next;
+        }
+        g = g_next;
+    }
+    return g;
+}
+
+double cg_cactus_gamma(double q_n, double delta, int32_t solver)
+{
+    if (isnan(q_n) || !(delta >= 0.0) || (solver != CG_SOLVER_TAYLOR && solver != CG_SOLVER_EXACT)) {
+        return NAN; /* invalid input; cg_verify validates before calling */
+    }
+    if (q_n <= 0.0) {
+        return 0.0; /* q[n] = 0: any h[n] > 0 has infinite KL, the token is never accepted */
+    }
+    if (q_n >= 1.0) {
+        return 1.0; /* q[n] = 1: h = q */
+    }
+    if (delta == 0.0) {
+        return q_n; /* no budget: h = q exactly (SpS) */
+    }
+    return solver == CG_SOLVER_TAYLOR ? gamma_taylor(q_n, delta) : gamma_exact(q_n, delta);
+}
+
+/* ================================================================================================
+ * 8. Verification
+ *
+ * Per drafted position i (0-based) with drafted token n, draft row p (or one-hot at n) and
+ * q = warp(verifier_logits[i]):
+ *   accept n with probability min(1, h[n] / p[n]); on the first rejection emit a residual token
+ *   from norm(max(0, h - p)) and stop; if all k are accepted emit a bonus token from
+ *   warp(verifier_logits[k]).
+ * The acceptance test u < min(1, h[n] / p[n]) is evaluated as u * p[n] < h[n]: the same for
+ * p[n] > 0 (u < 1 makes the min(1, .) implicit), and well defined for p[n] = 0, where the draft
+ * proposed a token it gives no mass: accept iff h[n] > 0.
+ *
+ * RNG order (fixed, so the same seed and inputs give the same result):
+ *   - one uniform u per evaluated position, drawn right after that position's warp: the acceptance
+ *     draw (sps, cactus, topk), the draw of x ~ q (greedy), drawn and unused (typical);
+ *   - on a rejection with sps, cactus or topk: one more uniform for the residual draw;
+ *     typical (argmax) and greedy (x itself) draw nothing more;
+ *   - when all k are accepted: one uniform for the bonus draw.
+ * ============================================================================================= */
+
+/* The draft's probability of token i: the row, or one-hot at n for a deterministic drafter. */
+static inline double draft_prob(const float *p, int32_t i, int32_t n)
+{
+    if (p) {
+        return (double)p[i];
+    }
+    return i == n ? 1.0 : 0.0;
+}
+
+/* The rescaled target: h[n] = h_n, h[i] = q[i] * scale (i != n). SpS is h_n = q[n], scale = 1. */
+static inline double target_prob(const float *q, int32_t i, int32_t n, double h_n, double scale)
+{
+    return i == n ? h_n : (double)q[i] * scale;
+}
+
+/* Residual draw for sps and cactus: r = max(0, h - p), token ~ r / sum(r), with uniform v. */
+static int32_t residual_rescaled(const float *q, const float *p, int32_t n, double h_n, double scale,
+                                 int32_t n_vocab, double v)
+{
+    double total = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        const double r = target_prob(q, i, n, h_n, scale) - draft_prob(p, i, n);
+        if (r > 0.0) {
+            total += r;
+        }
+    }
+    if (total > 0.0) {
+        const double t = v * total;
+        double cum = 0.0;
+        int32_t last = -1;
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            const double r = target_prob(q, i, n, h_n, scale) - draft_prob(p, i, n);
+            if (r > 0.0) {
+                cum += r;
+                last = i;
+                if (cum > t) {
+                    return i;
+                }
+            }
+        }
+        return last; /* last-index guard against rounding */
+    }
+    /* All-zero residual: h <= p everywhere, i.e. h = p up to rounding, so the rejection itself had
+     * probability ~0. Fall back to a draw from h with the same v. h has positive mass: gamma > 0,
+     * or gamma = q[n] = 0 and scale = 1, leaving q's mass. */
+    total = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        const double h = target_prob(q, i, n, h_n, scale);
+        if (h > 0.0) {
+            total += h;
+        }
+    }
+    const double t = v * total;
+    double cum = 0.0;
+    int32_t last = -1;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        const double h = target_prob(q, i, n, h_n, scale);
+        if (h > 0.0) {
+            cum += h;
+            last = i;
+            if (cum > t) {
+                return i;
+            }
+        }
+    }
+    return last; /* last-index guard against rounding */
+}
+
+/* Membership of the top set T of q, described by its last element (value cut_v, id cut_id) in the
+ * order (q desc, id asc): i in T  <=>  q[i] > cut_v, or q[i] = cut_v and i <= cut_id. */
+static inline int in_top(const float *q, int32_t i, float cut_v, int32_t cut_id)
+{
+    return q[i] > cut_v || (q[i] == cut_v && i <= cut_id);
+}
+
+/* Residual draw for topk acceptance: r = max(0, 1[T] - p), with uniform v. */
+static int32_t residual_topk(const float *q, const float *p, int32_t n, float cut_v, int32_t cut_id,
+                             int32_t n_vocab, double v)
+{
+    double total = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        if (in_top(q, i, cut_v, cut_id)) {
+            const double r = 1.0 - draft_prob(p, i, n);
+            if (r > 0.0) {
+                total += r;
+            }
+        }
+    }
+    if (total > 0.0) {
+        const double t = v * total;
+        double cum = 0.0;
+        int32_t last = -1;
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            if (in_top(q, i, cut_v, cut_id)) {
+                const double r = 1.0 - draft_prob(p, i, n);
+                if (r > 0.0) {
+                    cum += r;
+                    last = i;
+                    if (cum > t) {
+                        return i;
+                    }
+                }
+            }
+        }
+        return last; /* last-index guard against rounding */
+    }
+    /* All-zero residual (|T| = 1 and p one-hot on it, which the test would have accepted): fall back
+     * to a draw from h = uniform on T with the same v. */
+    double cum = 0.0;
+    int32_t last = -1;
+    total = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        total += in_top(q, i, cut_v, cut_id) ? 1.0 : 0.0;
+    }
+    const double t = v * total;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        if (in_top(q, i, cut_v, cut_id)) {
+            cum += 1.0;
+            last = i;
+            if (cum > t) {
+                return i;
+            }
+        }
+    }
+    return last;
+}
+
+/* Outcome of one position's acceptance test. */
+typedef struct {
+    int accepted;
+    int32_t token; /* the emitted token at this position: n if accepted, else the residual token */
+    double kl;     /* KL(h || q) of the target used at this position, nats */
+} position_outcome;
+
+static void evaluate_position(const float *q, const float *p, int32_t n, int32_t n_vocab,
+                              const cg_accept_params *ap, const cg_ws *ws, cg_rng *rng,
+                              position_outcome *o)
+{
+    const double q_n = (double)q[n];
+    const double p_n = draft_prob(p, n, n);
+    const double u = cg_rng_uniform(rng); /* the position's one draw, for every method */
+    o->token = n;
+    o->kl = 0.0;
+
+    switch (ap->method) {
+    case CG_METHOD_SPS:
+    case CG_METHOD_CACTUS: {
+        /* SpS: h = q.  Cactus: h[n] = gamma, h[i] = q[i] (1 - gamma) / (1 - q[n]).
+         * scale stays exactly 1 when gamma = q[n] (delta = 0, q[n] in {0, 1}), so delta = 0 runs the
+         * very same arithmetic as SpS; otherwise gamma > q[n], hence 1 - q[n] > 0 (no 0/0), and
+         * gamma = 1 gives scale = 0 (h one-hot at n). */
+        double h_n = q_n;
+        double scale = 1.0;
+        if (ap->method == CG_METHOD_CACTUS) {
+            h_n = cg_cactus_gamma(q_n, ap->delta, ap->solver);
+            if (h_n != q_n) {
+                scale = (1.0 - h_n) / (1.0 - q_n);
+            }
+            o->kl = binary_kl(h_n, q_n); /* = KL(h || q) for this h; 0 when gamma = q[n] */
+        }
+        o->accepted = u * p_n < h_n;
+        if (!o->accepted) {
+            o->token = residual_rescaled(q, p, n, h_n, scale, n_vocab, cg_rng_uniform(rng));
+        }
+        break;
+    }
+    case CG_METHOD_TYPICAL: {
+        /* accept iff q[n] > min(eps, alpha exp(-H(q))), H in nats; else emit argmax q (lowest id).
+         * h is one-hot on the emitted token x, so KL(h || q) = -log q[x] (q[x] > 0 either way). */
+        double entropy = 0.0;
+        int32_t arg = 0;
+        float q_max = q[0];
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            const float x = q[i];
+            if (x > 0.0f) {
+                entropy -= (double)x * log((double)x); /* 0 log 0 = 0: zeros skipped */
+                if (x > q_max) {
+                    q_max = x;
+                    arg = i;
+                }
+            }
+        }
+        const double a_thr = ap->typical_alpha * exp(-entropy);
+        const double thr = ap->typical_epsilon < a_thr ? ap->typical_epsilon : a_thr;
+        o->accepted = q_n > thr;
+        if (!o->accepted) {
+            o->token = arg;
+        }
+        o->kl = 0.0 - log((double)q[o->token]); /* 0.0 - : q = 1 gives +0, not -0 */
+        break;
+    }
+    case CG_METHOD_TOPK: {
+        /* T = the top K = min(accept_top_k, V) tokens of q (ties -> lower id; T includes q = 0 tokens
+         * when q has fewer than K positive entries). Accept iff n in T; h = uniform on T, so
+         * KL(h || q) = sum_{i in T} (1/K) log((1/K) / q_i), +inf if some q_i = 0 in T. */
+        const int32_t kk = ap->accept_top_k < n_vocab ? ap->accept_top_k : n_vocab;
+        const int32_t m = select_prefix(q, NULL, n_vocab, 0, (double)kk, ws); /* = kk */
+        double sum_log_q = 0.0;
+        int any_zero = 0;
+        for (int32_t j = 0; j < m; ++j) {
+            const float qi = q[pair_id(ws->pairs[j])];
+            if (qi > 0.0f) {
+                sum_log_q += log((double)qi);
+            } else {
+                any_zero = 1;
+            }
+        }
+        const int32_t cut_id = pair_id(last_pair(ws->pairs, m)); /* T's last element; m = kk >= 1 */
+        const float cut_v = q[cut_id];
+        if (any_zero) {
+            o->kl = INFINITY; /* h puts mass 1/K where q has none: KL(h || q) is infinite */
+        } else {
+            const double kl = -log((double)m) - sum_log_q / (double)m;
+            o->kl = kl > 0.0 ? kl : 0.0; /* KL >= 0; rounding can leave -1e-17 when q is flat on T */
+        }
+        o->accepted = in_top(q, n, cut_v, cut_id);
+        if (!o->accepted) {
+            o->token = residual_topk(q, p, n, cut_v, cut_id, n_vocab, cg_rng_uniform(rng));
+        }
+        break;
+    }
+    default: { /* CG_METHOD_GREEDY (validated): x ~ q with u; accept iff x = n; else emit x. h = q. */
+        const int32_t x = sample_row(q, n_vocab, u);
+        o->accepted = x == n;
+        o->token = x;
+        break;
+    }
+    }
+}
+
+cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
+                    const float *verifier_logits, int32_t k, int32_t n_vocab,
+                    const cg_sampler_params *sp, const cg_accept_params *ap, cg_rng *rng,
+                    float *work, cg_step_result *out)
+{
+    if (!out) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    memset(out, 0, sizeof *out); /* on any error the result reads as all zeros */
+    if (!verifier_logits || !rng || !work || k < 0 || n_vocab < 1 || (k > 0 && !draft_tokens)) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    cg_status st = check_sampler_params(sp);
+    if (st == CG_OK) {
+        st = check_accept_params(ap);
+    }
+    if (st != CG_OK) {
+        return st;
+    }
+    for (int32_t i = 0; i < k; ++i) {
+        if (draft_tokens[i] < 0 || draft_tokens[i] >= n_vocab) {
+            return CG_ERR_BAD_ARGUMENT;
+        }
+    }
+    if (draft_probs) {
+        for (int32_t i = 0; i < k; ++i) {
+            st = check_prob_row(draft_probs + (size_t)i * (size_t)n_vocab, n_vocab);
+            if (st != CG_OK) {
+                return st;
+            }
+        }
+    }
+
+    const cg_ws ws = ws_carve(work, n_vocab);
+    float *q = ws.q;
+    double kl_sum = 0.0;
+    double kl_max = 0.0;
+    for (int32_t i = 0; i < k; ++i) {
+        const float *row = verifier_logits + (size_t)i * (size_t)n_vocab;
+        st = warp_row(row, n_vocab, n_vocab, sp, q, &ws);
+        if (st != CG_OK) {
+            memset(out, 0, sizeof *out);
+            return st;
+        }
+        const float *p = draft_probs ? draft_probs + (size_t)i * (size_t)n_vocab : NULL;
+        position_outcome o;
+        evaluate_position(q, p, draft_tokens[i], n_vocab, ap, &ws, rng, &o);
+        kl_sum += o.kl;
+        if (o.kl > kl_max) {
+            kl_max = o.kl;
+        }
+        if (!o.accepted) {
+            out->n_accepted = i;
+            out->next_token = o.token;
+            out->n_evaluated = i + 1;
+            out->kl_sum = kl_sum;
+            out->kl_max = kl_max;
+            return CG_OK;
+        }
+    }
+
+    /* all k accepted (or k = 0): the bonus token from q at position k */
+    st = warp_row(verifier_logits + (size_t)k * (size_t)n_vocab, n_vocab, n_vocab, sp, q, &ws);
+    if (st != CG_OK) {
+        memset(out, 0, sizeof *out);
+        return st;
+    }
+    out->n_accepted = k;
+    out->next_token = sample_row(q, n_vocab, cg_rng_uniform(rng));
+    out->n_evaluated = k;
+    out->kl_sum = kl_sum;
+    out->kl_max = kl_max;
+    return CG_OK;
+}

@@ -1,0 +1,306 @@
+"""Plain NumPy reference of the native helper's math, for tests (slow, simple, independent).
+
+Dimension letters: V = vocabulary size, k = draft length. Names follow shared/cactus-notes.md:
+p = draft distribution, q = verifier distribution (both warped), n = drafted token, h = target.
+
+Conventions mirrored from native/cactus_native.c so that, fed the same uniforms, the reference makes
+the same decisions:
+- warped rows are rounded to float32 (the C stores probabilities as float32), all else is float64;
+- sums are sequential in token-id order (np.cumsum, not the pairwise np.sum);
+- inverse-CDF draw: the first i whose running sum exceeds u * total, else the last positive index;
+- acceptance test u < min(1, h[n] / p[n]) is evaluated as u * p[n] < h[n];
+- uniforms are consumed in the order documented in cactus_native.c section 8.
+
+Independent of the C: the warp sorts (np.lexsort) instead of radix-selecting, and the exact Cactus
+gamma is found by plain bisection instead of safeguarded Newton.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+# ---------------------------------------------------------------------------------------------
+# RNG: xoshiro256** seeded by splitmix64, in Python integers
+# ---------------------------------------------------------------------------------------------
+
+_M64 = (1 << 64) - 1
+
+
+def _rotl(x: int, s: int) -> int:
+    return ((x << s) | (x >> (64 - s))) & _M64
+
+
+class XoshiroRef:
+    """Pure-Python xoshiro256** (Blackman & Vigna) with splitmix64 seeding."""
+
+    def __init__(self, seed: int) -> None:
+        x = seed & _M64
+        self.s = []
+        for _ in range(4):
+            x = (x + 0x9E3779B97F4A7C15) & _M64
+            z = x
+            z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+            self.s.append(z ^ (z >> 31))
+
+    def next_u64(self) -> int:
+        s = self.s
+        result = (_rotl((s[1] * 5) & _M64, 7) * 9) & _M64
+        t = (s[1] << 17) & _M64
+        s[2] ^= s[0]
+        s[3] ^= s[1]
+        s[1] ^= s[2]
+        s[0] ^= s[3]
+        s[2] ^= t
+        s[3] = _rotl(s[3], 45)
+        return result
+
+    def uniform(self) -> float:
+        return (self.next_u64() >> 11) * 2.0**-53
+
+
+# ---------------------------------------------------------------------------------------------
+# Warp
+# ---------------------------------------------------------------------------------------------
+
+
+def f32(x: float) -> float:
+    """The value a float32 C struct field holds."""
+    return float(np.float32(x))
+
+
+def warp(logits: np.ndarray, n_vocab: int, temperature: float, top_k: int, top_p: float,
+         min_p: float) -> np.ndarray:
+    """Warped distribution, float32 [V]: top-k -> top-p -> min-p -> temperature (llama.cpp order).
+
+    logits: float [n <= V]. Params are taken as the float32 values the C struct holds.
+    Raises ValueError on NaN / +inf, or when every logit is -inf.
+    """
+    temperature, top_p, min_p = f32(temperature), f32(top_p), f32(min_p)
+    l = np.asarray(logits, dtype=np.float32).astype(np.float64)
+    n = l.shape[0]
+    if np.isnan(l).any() or np.isposinf(l).any() or not np.isfinite(l).any():
+        raise ValueError("non-finite logits")
+    out = np.zeros(n_vocab, dtype=np.float64)
+    m = l.max()
+    if not temperature > 0:
+        out[int(np.argmax(l))] = 1.0  # np.argmax: the first (lowest id) maximum
+        return out.astype(np.float32)
+    ids = np.arange(n)
+    order = np.lexsort((ids, -l))  # value descending, id ascending
+    kept = order[np.isfinite(l[order])]
+    if 0 < top_k < kept.size:
+        kept = kept[:top_k]
+    if top_p < 1.0:
+        e = np.exp(l[kept] - m)
+        z = np.cumsum(e)[-1]
+        c = np.cumsum(e / z)
+        hit = np.nonzero(c >= top_p)[0]
+        if hit.size:
+            kept = kept[: hit[0] + 1]
+    if min_p > 0.0:
+        kept = kept[l[kept] - m >= math.log(min_p)]  # s_i >= min_p s_max  <=>  l_i - m >= log min_p
+    e = np.exp((l[kept] - m) * (1.0 / temperature))
+    out[kept] = e / e.sum()
+    return out.astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling, Cactus gamma, KL
+# ---------------------------------------------------------------------------------------------
+
+
+def pick(w: np.ndarray, u: float) -> int:
+    """Inverse-CDF draw from non-negative weights w (float64) with uniform u."""
+    c = np.cumsum(w)
+    i = int(np.searchsorted(c, u * c[-1], side="right"))  # first i with c[i] > u * total
+    if i >= w.shape[0]:
+        i = int(np.nonzero(w > 0)[0][-1])  # last-index fallback against rounding
+    return i
+
+
+def binary_kl(g: float, q: float) -> float:
+    a = 0.0 if g == 0.0 else (math.inf if q == 0.0 else g * math.log(g / q))
+    b = 0.0 if g == 1.0 else (math.inf if q == 1.0 else (1.0 - g) * math.log((1.0 - g) / (1.0 - q)))
+    return a + b
+
+
+def gamma_taylor(q: float, delta: float) -> float:
+    if q <= 0.0:
+        return 0.0
+    if q >= 1.0:
+        return 1.0
+    return min(1.0, q + math.sqrt(2.0 * delta * q * (1.0 - q)))
+
+
+def gamma_exact(q: float, delta: float) -> float:
+    """Root in [q, 1] of binary_kl(g, q) = delta by bisection (or 1 if -log q <= delta)."""
+    if q <= 0.0:
+        return 0.0
+    if q >= 1.0:
+        return 1.0
+    if delta == 0.0:
+        return q
+    if -math.log(q) <= delta:
+        return 1.0
+    lo, hi = q, 1.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if binary_kl(mid, q) > delta:
+            hi = mid
+        else:
+            lo = mid
+    return 0.5 * (lo + hi)
+
+
+def gamma(q: float, delta: float, solver: str) -> float:
+    return gamma_taylor(q, delta) if solver == "taylor" else gamma_exact(q, delta)
+
+
+def top_set(q: np.ndarray, kk: int) -> np.ndarray:
+    """Ids of the top kk entries of q, ties -> lower id."""
+    kk = min(kk, q.shape[0])
+    return np.lexsort((np.arange(q.shape[0]), -q))[:kk]
+
+
+# ---------------------------------------------------------------------------------------------
+# One verification step
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    n_accepted: int
+    next_token: int
+    n_evaluated: int
+    kl_sum: float
+    kl_max: float
+    n_uniforms: int
+
+
+def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_logits: np.ndarray,
+           sampling: dict, method: str, delta: float = 1.0, solver: str = "taylor",
+           typical_epsilon: float = 0.09, typical_alpha: float = 0.3, accept_top_k: int = 5,
+           uniforms: Iterator[float] | None = None) -> Step:
+    """One draft-verify step (see cactus_native.h), consuming `uniforms` in the C's order.
+
+    draft_probs: float32 [k, V] or None (one-hot drafter); draft_tokens: int [k];
+    verifier_logits: float32 [k+1, V]; sampling: kwargs of `warp` (without n_vocab).
+    """
+    k = int(draft_tokens.shape[0])
+    V = verifier_logits.shape[-1]
+    used = 0
+
+    def draw() -> float:
+        nonlocal used
+        used += 1
+        return next(uniforms)
+
+    kl_sum = kl_max = 0.0
+    for i in range(k):
+        q = warp(verifier_logits[i], V, **sampling).astype(np.float64)
+        n = int(draft_tokens[i])
+        if draft_probs is None:
+            p = np.zeros(V)
+            p[n] = 1.0
+        else:
+            p = draft_probs[i].astype(np.float64)
+        u = draw()
+        kl = 0.0
+        if method in ("sps", "cactus"):
+            h = q.copy()
+            if method == "cactus":
+                g = gamma(q[n], delta, solver)
+                if g != q[n]:
+                    h = q * ((1.0 - g) / (1.0 - q[n]))
+                    h[n] = g
+                kl = binary_kl(g, q[n])
+            accepted = u * p[n] < h[n]
+            token = n
+            if not accepted:
+                v = draw()
+                r = np.maximum(h - p, 0.0)
+                token = pick(r if np.cumsum(r)[-1] > 0 else h, v)  # all-zero residual: draw from h
+        elif method == "typical":
+            pos = q[q > 0]
+            entropy = float(-np.cumsum(pos * np.log(pos))[-1])
+            thr = min(typical_epsilon, typical_alpha * math.exp(-entropy))
+            accepted = q[n] > thr
+            token = n if accepted else int(np.argmax(q))
+            kl = -math.log(q[token])
+        elif method == "topk":
+            top = top_set(q, accept_top_k)
+            kk = top.size
+            kl = math.inf if (q[top] == 0).any() else max(
+                0.0, float(np.sum((1.0 / kk) * np.log((1.0 / kk) / q[top]))))
+            ind = np.zeros(V)
+            ind[top] = 1.0
+            accepted = bool(ind[n])
+            token = n
+            if not accepted:
+                v = draw()
+                r = np.where(ind > 0, np.maximum(1.0 - p, 0.0), 0.0)
+                token = pick(r if np.cumsum(r)[-1] > 0 else ind, v)
+        elif method == "greedy":
+            token = pick(q, u)
+            accepted = token == n
+        else:
+            raise ValueError(method)
+        kl_sum += kl
+        kl_max = max(kl_max, kl)
+        if not accepted:
+            return Step(i, token, i + 1, kl_sum, kl_max, used)
+    q = warp(verifier_logits[k], V, **sampling).astype(np.float64)
+    return Step(k, pick(q, draw()), k, kl_sum, kl_max, used)
+
+
+def emitted_first_token_distribution(p: np.ndarray | None, q: np.ndarray, method: str,
+                                     delta: float = 1.0, solver: str = "taylor",
+                                     typical_epsilon: float = 0.09, typical_alpha: float = 0.3,
+                                     accept_top_k: int = 5, drafted: int | None = None) -> np.ndarray:
+    """Analytic law of the token emitted at a position (shared/cactus-notes.md):
+
+    P(x) = sum_n p[n] (1[x = n] a_n + (1 - a_n) r_n[x]),  a_n = acceptance prob., r_n = residual law.
+    p: float [V] draft distribution, or None with `drafted` for a one-hot drafter.
+    """
+    V = q.shape[0]
+    q = q.astype(np.float64)
+    if p is None:
+        p = np.zeros(V)
+        p[drafted] = 1.0
+    p = p.astype(np.float64)
+    out = np.zeros(V)
+    for n in np.nonzero(p > 0)[0]:
+        if method in ("sps", "cactus", "greedy"):
+            h = q.copy()
+            if method == "cactus":
+                g = gamma(q[n], delta, solver)
+                if g != q[n]:
+                    h = q * ((1.0 - g) / (1.0 - q[n]))
+                    h[n] = g
+            a = min(1.0, h[n] / p[n])
+            r = np.maximum(h - p, 0.0)
+            r = r / r.sum() if r.sum() > 0 else h
+            if method == "greedy":  # x ~ q, accept iff x = n: emitted token ~ q whatever n
+                a, r = 0.0, q
+        elif method == "typical":
+            pos = q[q > 0]
+            thr = min(typical_epsilon, typical_alpha * math.exp(-float(-(pos * np.log(pos)).sum())))
+            a = 1.0 if q[n] > thr else 0.0
+            r = np.zeros(V)
+            r[int(np.argmax(q))] = 1.0
+        elif method == "topk":
+            ind = np.zeros(V)
+            ind[top_set(q, accept_top_k)] = 1.0
+            a = ind[n]
+            r = np.maximum(ind - p, 0.0)
+            r = r / r.sum() if r.sum() > 0 else ind / ind.sum()
+        else:
+            raise ValueError(method)
+        out += p[n] * a * np.eye(V)[n] + p[n] * (1.0 - a) * r
+    return out
