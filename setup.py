@@ -9,7 +9,6 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
-from setuptools.command.sdist import sdist
 
 ROOT = Path(__file__).resolve().parent
 
@@ -28,16 +27,8 @@ class BuildPyWithRegistry(build_py):
         shutil.copyfile(source, target)
 
 
-class SdistWithRegistry(sdist):
-    """Ship the top-level models.yaml in the sdist, so a wheel built from it has the registry."""
-
-    def make_release_tree(self, base_dir, files) -> None:
-        super().make_release_tree(base_dir, files)
-        shutil.copyfile(ROOT / "models.yaml", Path(base_dir) / "models.yaml")
-
-
 setup(
-    cmdclass={"build_py": BuildPyWithRegistry, "sdist": SdistWithRegistry},
+    cmdclass={"build_py": BuildPyWithRegistry},
     ext_modules=[
         Extension(
             "cactus_gguf._cactus_native",

@@ -1099,12 +1099,14 @@ static void evaluate_position(const float *q, const float *p, int32_t n, int32_t
          * KL(h || q) = sum_{i in T} (1/K) log((1/K) / q_i), +inf if some q_i = 0 in T. */
         const int32_t kk = ap->accept_top_k < n_vocab ? ap->accept_top_k : n_vocab;
         const int32_t m = select_prefix(q, NULL, n_vocab, 0, (double)kk, ws); /* = kk */
-        double sum_log_q = 0.0;
+        /* KL = -(1/K) sum_{i in T} log(K q_i): summing log(K q_i) (near 0 when q is flat on T)
+         * avoids the cancellation of -log K - mean(log q_i) */
+        double sum_log_kq = 0.0;
         int any_zero = 0;
         for (int32_t j = 0; j < m; ++j) {
             const float qi = q[pair_id(ws->pairs[j])];
             if (qi > 0.0f) {
-                sum_log_q += log((double)qi);
+                sum_log_kq += log((double)m * (double)qi);
             } else {
                 any_zero = 1;
             }
@@ -1114,7 +1116,7 @@ static void evaluate_position(const float *q, const float *p, int32_t n, int32_t
         if (any_zero) {
             o->kl = INFINITY; /* h puts mass 1/K where q has none: KL(h || q) is infinite */
         } else {
-            const double kl = -log((double)m) - sum_log_q / (double)m;
+            const double kl = -sum_log_kq / (double)m;
             o->kl = kl > 0.0 ? kl : 0.0; /* KL >= 0; rounding can leave -1e-17 when q is flat on T */
         }
         o->accepted = in_top(q, n, cut_v, cut_id);

@@ -236,8 +236,7 @@ def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_lo
         elif method == "topk":
             top = top_set(q, accept_top_k)
             kk = top.size
-            kl = math.inf if (q[top] == 0).any() else max(
-                0.0, float(np.sum((1.0 / kk) * np.log((1.0 / kk) / q[top]))))
+            kl = math.inf if (q[top] == 0).any() else max(0.0, float(-np.log(kk * q[top]).sum() / kk))
             ind = np.zeros(V)
             ind[top] = 1.0
             accepted = bool(ind[n])
