@@ -34,6 +34,14 @@ class RunRequest:
     method: str = "cactus"
     delta: float = 1.0
     solver: str = "taylor"
+    typical_epsilon: float = 0.09
+    typical_alpha: float = 0.3
+    accept_top_k: int = 5
+    drafter: str = "model"
+    draft_min: int = 0
+    draft_p_min: float = 0.0
+    ngram_max: int = 3
+    ngram_min: int = 1
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
@@ -109,6 +117,8 @@ def plan_run(req: RunRequest) -> RunPlan:
         if verifier is not None or draft is not None:
             raise ValueError("give either --pair or model paths/names, not both")
         pair_name, verifier, draft = pair.name, pair.verifier, pair.draft
+        if req.drafter == "ngram":
+            draft = None
         recommended = {"k": pair.k, "delta": pair.delta, "temperature": pair.temperature,
                        "top_k": pair.top_k, "top_p": pair.top_p}
         cli_names = {"k": "k", "delta": "delta", "temperature": "temp", "top_k": "top_k",
@@ -118,8 +128,11 @@ def plan_run(req: RunRequest) -> RunPlan:
                 values[name] = value
     if verifier is None:
         raise ValueError("no verifier model: give VERIFIER (a .gguf path or a registry name)")
-    if req.method != "none" and draft is None:
-        raise ValueError(f"method {req.method} needs a DRAFT model; give one, or use --method none")
+    if req.method != "none" and req.drafter == "model" and draft is None:
+        raise ValueError(f"method {req.method} needs a DRAFT model; give one, or use --drafter ngram "
+                         "or --method none")
+    if req.drafter == "ngram" and draft is not None and pair_name is None:
+        raise ValueError("the ngram drafter uses no draft model: drop DRAFT, or use --drafter model")
 
     if not isinstance(req.n_predict, int) or req.n_predict < 1:
         raise ValueError(f"-n/--n-predict must be >= 1, got {req.n_predict}")
@@ -128,15 +141,19 @@ def plan_run(req: RunRequest) -> RunPlan:
     sampling = SamplingParams(temperature=values["temperature"], top_k=values["top_k"],
                               top_p=values["top_p"], min_p=req.min_p)
     acceptance = None if req.method == "none" else AcceptanceParams(
-        method=req.method, delta=values["delta"], solver=req.solver)
+        method=req.method, delta=values["delta"], solver=req.solver,
+        typical_epsilon=req.typical_epsilon, typical_alpha=req.typical_alpha,
+        accept_top_k=req.accept_top_k)
     config = DecoderConfig(
-        k=values["k"], acceptance=acceptance, sampling=sampling,
+        k=values["k"], acceptance=acceptance, sampling=sampling, drafter=req.drafter,
+        draft_min=req.draft_min, draft_p_min=req.draft_p_min, ngram_max=req.ngram_max,
+        ngram_min=req.ngram_min,
         verifier_model=ModelOptions(n_gpu_layers=req.n_gpu_layers),
         draft_model=ModelOptions(n_gpu_layers=req.n_gpu_layers_draft),
         context=ContextOptions(n_ctx=req.n_ctx, n_batch=req.n_batch, n_threads=req.n_threads,
                                flash_attn=req.flash_attn))
     prompt = _read_prompt(req)
-    return RunPlan(verifier_spec=verifier, draft_spec=draft if acceptance is not None else None,
+    return RunPlan(verifier_spec=verifier, draft_spec=draft if config.needs_draft_model else None,
                    config=config, prompt=prompt, chat=req.chat, n_predict=req.n_predict,
                    seed=None if req.seed < 0 else req.seed, stop=req.stop, pair_name=pair_name)
 
@@ -170,6 +187,12 @@ def result_json(result: GenerationResult, plan: RunPlan) -> dict:
         "delta": acc.delta if acc is not None and acc.method == "cactus" else None,
         "solver": acc.solver if acc is not None and acc.method == "cactus" else None,
         "k": cfg.k,
+        "drafter": cfg.drafter if acc is not None else None,
+        "typical_epsilon": acc.typical_epsilon if acc is not None and acc.method == "typical" else None,
+        "typical_alpha": acc.typical_alpha if acc is not None and acc.method == "typical" else None,
+        "accept_top_k": acc.accept_top_k if acc is not None and acc.method == "topk" else None,
+        "draft_min": cfg.draft_min,
+        "draft_p_min": cfg.draft_p_min,
         "seed": result.seed,
         "temperature": cfg.sampling.temperature,
         "top_k": cfg.sampling.top_k,

@@ -30,7 +30,7 @@ def _summary(result, config) -> str:
         rule = f"method {a.method}"
         if a.method == "cactus":
             rule += f" delta={a.delta:g} solver={a.solver}"
-        parts.append(f"{rule} k={config.k}")
+        parts.append(f"{rule} k={config.k}" + (" drafter ngram" if config.drafter == "ngram" else ""))
         parts.append(f"accepted {s.mean_accepted_length:.2f}/step, acceptance {s.acceptance_rate:.1%}, "
                      f"{s.tokens_per_verifier_call:.2f} tokens/verifier call")
         parts.append(f"draft {s.draft_seconds:.2f} s, verify {s.verify_seconds:.2f} s")
@@ -55,11 +55,22 @@ def _summary(result, config) -> str:
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message in the GGUF chat template.")
 @click.option("-n", "--n-predict", type=int, default=128, help="Tokens to generate.")
 @click.option("-k", "--draft-max", "k", type=int, default=8, help="Draft length k: tokens proposed per step.")
-@click.option("--method", type=click.Choice(["cactus", "sps", "none"]), default="cactus",
-              help="Acceptance rule; none = the verifier alone (baseline).")
+@click.option("--method", type=click.Choice(["cactus", "sps", "typical", "topk", "greedy", "none"]),
+              default="cactus", help="Acceptance rule; none = the verifier alone (baseline).")
 @click.option("--delta", type=float, default=1.0, help="Cactus KL budget delta, nats (0 = exactly SpS).")
 @click.option("--solver", type=click.Choice(["taylor", "exact"]), default="taylor",
               help="Cactus gamma: the paper's closed form, or the exact binary-KL root.")
+@click.option("--typical-epsilon", type=float, default=0.09, help="Typical acceptance epsilon.")
+@click.option("--typical-alpha", type=float, default=0.3, help="Typical acceptance alpha.")
+@click.option("--accept-top-k", type=int, default=5,
+              help="topk acceptance: accept drafts among the verifier's top N tokens.")
+@click.option("--drafter", type=click.Choice(["model", "ngram"]), default="model",
+              help="Who proposes tokens: the DRAFT model, or n-gram prompt lookup (no draft model).")
+@click.option("--draft-min", type=int, default=0, help="Drop drafts shorter than this (verify alone).")
+@click.option("--draft-p-min", type=float, default=0.0,
+              help="Stop drafting when the draft's top probability falls below this.")
+@click.option("--ngram-max", type=int, default=3, help="ngram drafter: longest n-gram looked up.")
+@click.option("--ngram-min", type=int, default=1, help="ngram drafter: shortest n-gram looked up.")
 @click.option("--temp", type=float, default=0.8, help="Temperature (0 = greedy).")
 @click.option("--top-k", type=int, default=40, help="Top-k sampling (0 = off).")
 @click.option("--top-p", type=float, default=0.95, help="Top-p sampling (1 = off).")
@@ -79,8 +90,9 @@ def _summary(result, config) -> str:
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp's log on stderr.")
 @click.pass_context
 def run(ctx: click.Context, verifier, draft, model_opt, draft_opt, pair, prompt, prompt_file, chat,
-        n_predict, k, method, delta, solver, temp, top_k, top_p, min_p, seed, n_ctx, n_batch,
-        threads, ngl, ngld, flash_attn, stops, as_json, verbose) -> None:
+        n_predict, k, method, delta, solver, typical_epsilon, typical_alpha, accept_top_k, drafter,
+        draft_min, draft_p_min, ngram_max, ngram_min, temp, top_k, top_p, min_p, seed, n_ctx,
+        n_batch, threads, ngl, ngld, flash_attn, stops, as_json, verbose) -> None:
     """Generate text with speculative decoding: VERIFIER checks what DRAFT proposes.
 
     VERIFIER and DRAFT are GGUF paths or models.yaml names; with neither, the default pair is
@@ -99,7 +111,10 @@ def run(ctx: click.Context, verifier, draft, model_opt, draft_opt, pair, prompt,
         request = api.RunRequest(
             verifier=model_opt or verifier, draft=draft_opt or draft, pair=pair,
             prompt=prompt, prompt_file=prompt_file, chat=chat, n_predict=n_predict, k=k,
-            method=method, delta=delta, solver=solver, temperature=temp, top_k=top_k, top_p=top_p,
+            method=method, delta=delta, solver=solver, typical_epsilon=typical_epsilon,
+            typical_alpha=typical_alpha, accept_top_k=accept_top_k, drafter=drafter,
+            draft_min=draft_min, draft_p_min=draft_p_min, ngram_max=ngram_max, ngram_min=ngram_min,
+            temperature=temp, top_k=top_k, top_p=top_p,
             min_p=min_p, seed=seed, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
             n_gpu_layers=ngl, n_gpu_layers_draft=ngld, flash_attn=flash_attn, stop=tuple(stops),
             explicit=frozenset(given))

@@ -99,6 +99,9 @@ def check_vocab_compatible(verifier: LlamaModelContext, draft: LlamaModelContext
                 "pick a draft from the verifier's model family")
 
 
+DRAFTERS = ("model", "ngram")
+
+
 @dataclass(frozen=True)
 class DecoderConfig:
     """Everything fixed for a decoder's lifetime.
@@ -106,6 +109,14 @@ class DecoderConfig:
     k: draft length, tokens proposed per verification step (llama.cpp ``--draft-max``), >= 1.
     acceptance: the acceptance rule; None = no speculation, the verifier decodes alone
         (the baseline, same sampler).
+    drafter: "model" (a draft GGUF samples k tokens) or "ngram" (prompt lookup: the tokens that
+        followed the latest earlier occurrence of the last n tokens; a deterministic proposal,
+        p one-hot, no draft model).
+    draft_min: a draft shorter than this is dropped and the step is verifier-only
+        (llama.cpp ``--draft-min``); 0 = keep every draft.
+    draft_p_min: stop drafting when the draft's most likely token has probability below this
+        (llama.cpp ``--draft-p-min``); 0 = always draft k tokens. Model drafter only.
+    ngram_max / ngram_min: longest / shortest n-gram the n-gram drafter looks up, tokens.
     sampling: warps shared by draft and verifier (the acceptance test compares the warped p and q).
     verifier_model / draft_model: load options (n_gpu_layers, mmap, repacking) per model.
     context: n_ctx / n_batch / threads, used for both contexts.
@@ -114,6 +125,11 @@ class DecoderConfig:
     k: int = 8
     acceptance: AcceptanceParams | None = field(default_factory=AcceptanceParams)
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    drafter: str = "model"
+    draft_min: int = 0
+    draft_p_min: float = 0.0
+    ngram_max: int = 3
+    ngram_min: int = 1
     verifier_model: ModelOptions = field(default_factory=ModelOptions)
     draft_model: ModelOptions = field(default_factory=ModelOptions)
     context: ContextOptions = field(default_factory=ContextOptions)
@@ -121,6 +137,20 @@ class DecoderConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
             raise ValueError(f"draft length k must be an integer >= 1, got {self.k!r}")
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
+        if not isinstance(self.draft_min, int) or not 0 <= self.draft_min <= self.k:
+            raise ValueError(f"draft_min must be an integer in [0, k={self.k}], got {self.draft_min!r}")
+        if not 0.0 <= self.draft_p_min <= 1.0:
+            raise ValueError(f"draft_p_min must be in [0, 1], got {self.draft_p_min!r}")
+        if not (isinstance(self.ngram_min, int) and isinstance(self.ngram_max, int)
+                and 1 <= self.ngram_min <= self.ngram_max):
+            raise ValueError(f"n-gram sizes must satisfy 1 <= ngram_min <= ngram_max, got "
+                             f"{self.ngram_min}, {self.ngram_max}")
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.acceptance is not None and self.drafter == "model"
 
     @property
     def method(self) -> str:
@@ -245,6 +275,85 @@ class _StopMatcher:
         return out
 
 
+class ModelDrafter:
+    """Drafts by sampling the draft GGUF autoregressively from its warped distribution p.
+
+    Its KV cache holds a prefix of the committed tokens; ``propose`` first decodes the pending ones
+    (one, or two after an all-accepted step, where the last draft was never decoded).
+    """
+
+    deterministic = False
+
+    def __init__(self, model: LlamaModelContext, n_vocab: int, p_min: float) -> None:
+        self.model = model
+        self.n_logits = min(n_vocab, model.n_vocab)  # never propose an id the verifier lacks
+        self.p_min = p_min
+
+    def reset(self, prompt: Sequence[int]) -> None:
+        self.model.clear()
+        if len(prompt) > 1:
+            self.model.decode(prompt[:-1], n_logits=0)
+
+    def room(self, n_committed: int) -> int:
+        """Most tokens it can draft now: it decodes the pending tokens plus d_1 .. d_{k-1}."""
+        return self.model.n_ctx - n_committed + 1
+
+    def propose(self, committed: list[int], k: int, sampler: NativeSampler, probs: np.ndarray,
+                tokens: np.ndarray) -> int:
+        """Draft up to ``k`` tokens into ``tokens`` (int32 [>=k]) and their distributions into
+        ``probs`` (float32 [>=k, V]); return how many."""
+        row = self.model.decode(committed[self.model.n_past:], n_logits=1)[0]
+        n = 0
+        for i in range(k):
+            d = sampler.draft(row[:self.n_logits], probs[i])
+            if self.p_min > 0.0 and probs[i].max() < self.p_min:
+                break  # the draft is unsure: verify what we have (llama.cpp --draft-p-min)
+            tokens[i] = d
+            n += 1
+            if i == k - 1 or self.model.is_eog(d):
+                break  # nothing to propose after the last draft or an end-of-generation token
+            row = self.model.decode([d], n_logits=1)[0]
+        return n
+
+    def rollback(self, n_keep: int) -> None:
+        self.model.truncate(min(self.model.n_past, n_keep))
+
+
+class NgramDrafter:
+    """Prompt-lookup drafting: find the latest earlier occurrence of the last n committed tokens
+    (n from ``n_max`` down to ``n_min``) and propose the tokens that followed it.
+
+    A deterministic proposal: p is one-hot at each drafted token, so Cactus accepts with
+    probability h[n] and SpS with q[n].
+    """
+
+    deterministic = True
+
+    def __init__(self, n_max: int, n_min: int) -> None:
+        self.n_max, self.n_min = n_max, n_min
+
+    def reset(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def room(self, n_committed: int) -> int:
+        return 1 << 30  # no context of its own
+
+    def propose(self, committed: list[int], k: int, sampler: NativeSampler, probs: np.ndarray,
+                tokens: np.ndarray) -> int:
+        L = len(committed)
+        for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
+            pattern = committed[L - n:]
+            for start in range(L - n - 1, -1, -1):
+                if committed[start:start + n] == pattern:
+                    follow = committed[start + n:start + n + k]
+                    tokens[:len(follow)] = follow
+                    return len(follow)
+        return 0
+
+    def rollback(self, n_keep: int) -> None:
+        pass
+
+
 class SpeculativeDecoder:
     """Speculative decoding of a verifier GGUF with a draft GGUF (or the verifier alone).
 
@@ -258,28 +367,42 @@ class SpeculativeDecoder:
     incompatible pair, ValueError for bad options.
     """
 
-    def __init__(self, verifier_path: str | Path, draft_path: str | Path | None,
+    def __init__(self, verifier_path: str | Path, draft_path: str | Path | None = None,
                  config: DecoderConfig = DecoderConfig()) -> None:
-        if config.acceptance is not None and draft_path is None:
-            raise ValueError(f"method {config.method!r} needs a draft model; give one or use "
-                             "method none")
+        if config.needs_draft_model and draft_path is None:
+            raise ValueError(f"method {config.method!r} with the model drafter needs a draft model; "
+                             "give one, or use the ngram drafter or method none")
         self.config = config
         self.verifier: LlamaModelContext | None = None
-        self.last_result: GenerationResult | None = None
         self.draft: LlamaModelContext | None = None
+        self.last_result: GenerationResult | None = None
         try:
             self.verifier = LlamaModelContext(verifier_path, config.verifier_model, config.context)
-            if config.acceptance is not None:
+            if draft_path is not None:
                 self.draft = LlamaModelContext(draft_path, config.draft_model, config.context)
                 check_vocab_compatible(self.verifier, self.draft)
         except BaseException:
             self.close()
             raise
-        V = self.verifier.n_vocab
-        self._n_draft_logits = min(V, self.draft.n_vocab) if self.draft else 0
-        # Draft distributions p: float32 [k, V]. Columns past the draft's vocabulary stay 0.
-        self._draft_probs = np.zeros((config.k, V), dtype=np.float32)
-        self._draft_tokens = np.zeros(config.k, dtype=np.int32)
+        self._buffers_k = 0
+
+    def _buffers(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Draft distributions p, float32 [k, V], and drafted ids, int32 [k]; grown on demand.
+        Columns past the draft's vocabulary stay 0 (it never proposes those ids)."""
+        if k > self._buffers_k:
+            self._draft_probs = np.zeros((k, self.verifier.n_vocab), dtype=np.float32)
+            self._draft_tokens = np.zeros(k, dtype=np.int32)
+            self._buffers_k = k
+        return self._draft_probs, self._draft_tokens
+
+    def _drafter(self, cfg: DecoderConfig):
+        if cfg.acceptance is None:
+            return None
+        if cfg.drafter == "ngram":
+            return NgramDrafter(cfg.ngram_max, cfg.ngram_min)
+        if self.draft is None:
+            raise ValueError("the model drafter needs a draft model: this decoder was built without one")
+        return ModelDrafter(self.draft, self.verifier.n_vocab, cfg.draft_p_min)
 
     # -- lifetime ----------------------------------------------------------------------------------
 
@@ -362,7 +485,8 @@ class SpeculativeDecoder:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not tokens:
             raise ValueError("the prompt is empty: give some text to continue")
-        ver, dft, cfg = self.verifier, self.draft, self.config
+        ver, cfg = self.verifier, self.config
+        drafter = self._drafter(cfg)
         if len(tokens) >= ver.n_ctx:
             raise ContextLengthError(
                 f"the prompt is {len(tokens)} tokens but n_ctx is {ver.n_ctx}: raise -c/--ctx-size "
@@ -370,6 +494,7 @@ class SpeculativeDecoder:
 
         sampler = NativeSampler(ver.n_vocab, cfg.sampling,
                                 cfg.acceptance or AcceptanceParams(method="sps"), seed)
+        draft_probs, draft_tokens = self._buffers(cfg.k)
         stats = GenerationStats(n_prompt_tokens=len(tokens))
         stopper = _StopMatcher(stop)
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -378,52 +503,42 @@ class SpeculativeDecoder:
 
         # Prefill everything but the last prompt token; it opens the first verification batch.
         t0 = time.perf_counter()
-        for m in (ver, dft):
-            if m is not None:
-                m.clear()
-                if len(tokens) > 1:
-                    m.decode(tokens[:-1], n_logits=0)
+        ver.clear()
+        if len(tokens) > 1:
+            ver.decode(tokens[:-1], n_logits=0)
+        if drafter is not None:
+            drafter.reset(tokens)
         stats.prefill_seconds = time.perf_counter() - t0
 
         committed = list(tokens)
         t_start = time.perf_counter()
-        use_draft = dft is not None
         finished = False
         while not finished:
             remaining = n_predict - len(out_tokens)
-            # Room in the verifier: its KV holds committed[:v.n_past]; the batch adds the pending
-            # tokens plus k drafts, so k <= n_ctx - len(committed).
+            # The verifier holds committed[:-1]; the batch adds the pending token plus k drafts,
+            # so k <= n_ctx - len(committed). Below 0 not even the pending token fits.
             room_v = ver.n_ctx - len(committed)
             if room_v < 0:
                 stop_reason, message = "length", f"context full (n_ctx={ver.n_ctx})"
                 break
             k = min(cfg.k, remaining - 1, room_v)
-            if use_draft and k > 0:
-                room_d = dft.n_ctx - len(committed) + 1  # draft decodes pending + d_1..d_{k-1}
-                if room_d < 1:
-                    use_draft = False  # the draft's context is full: verifier alone from here on
-                k = min(k, room_d)
-            if not use_draft:
-                k = 0
+            if drafter is not None and k > 0 and drafter.room(len(committed)) < 1:
+                drafter = None  # the draft's context is full: the verifier alone from here on
+            if drafter is not None and k > 0:
+                k = min(k, drafter.room(len(committed)))
 
             # -- draft ----------------------------------------------------------------------------
             td = time.perf_counter()
             n_drafted = 0
-            if k > 0:
-                pending = committed[dft.n_past:]
-                row = dft.decode(pending, n_logits=1)[0]
-                for i in range(k):
-                    d = sampler.draft(row[:self._n_draft_logits], self._draft_probs[i])
-                    self._draft_tokens[i] = d
-                    n_drafted += 1
-                    if i == k - 1 or dft.is_eog(d):
-                        break  # nothing to propose after the last draft or an end-of-generation
-                    row = dft.decode([d], n_logits=1)[0]
+            if drafter is not None and k > 0:
+                n_drafted = drafter.propose(committed, k, sampler, draft_probs, draft_tokens)
+                if n_drafted < cfg.draft_min:
+                    n_drafted = 0  # too short to be worth a batched verification
             tv = time.perf_counter()
             stats.draft_seconds += tv - td
 
-            # -- verify: one decode of the pending tokens + the drafts, logits for k+1 rows ----------
-            batch = committed[ver.n_past:] + self._draft_tokens[:n_drafted].tolist()
+            # -- verify: one decode of the pending token(s) + the drafts, logits for k+1 rows -------
+            batch = committed[ver.n_past:] + draft_tokens[:n_drafted].tolist()
             logits = ver.decode(batch, n_logits=n_drafted + 1)
             ta = time.perf_counter()
             stats.verify_seconds += ta - tv
@@ -432,8 +547,8 @@ class SpeculativeDecoder:
             if cfg.acceptance is None:
                 n_acc, nxt = 0, sampler.sample(logits[0])
             else:
-                res = sampler.verify(self._draft_probs[:n_drafted] if n_drafted else None,
-                                     self._draft_tokens[:n_drafted], logits)
+                p = None if n_drafted == 0 or drafter.deterministic else draft_probs[:n_drafted]
+                res = sampler.verify(p, draft_tokens[:n_drafted], logits)
                 n_acc, nxt = res.n_accepted, res.next_token
                 stats.n_evaluated += res.n_evaluated
                 stats.kl_sum += res.kl_sum
@@ -444,7 +559,7 @@ class SpeculativeDecoder:
             stats.n_accepted += n_acc
 
             # -- commit ---------------------------------------------------------------------------
-            emitted = self._draft_tokens[:n_acc].tolist() + [nxt]
+            emitted = draft_tokens[:n_acc].tolist() + [nxt]
             n_before = len(committed)
             for tok in emitted:
                 if ver.is_eog(tok):
@@ -461,12 +576,12 @@ class SpeculativeDecoder:
                 if len(out_tokens) >= n_predict:
                     stop_reason, finished = "length", True
                     break
-            # Roll back: the verifier keeps t_0 .. t_{L-1} + accepted drafts (the new pending token
-            # is decoded next step); the draft keeps at most that much.
+            # Roll back: the verifier keeps t_0 .. t_{L-1} + the accepted drafts (the new pending
+            # token is decoded next step); the draft keeps at most that much.
             keep = n_before + n_acc
             ver.truncate(min(ver.n_past, keep))
-            if dft is not None:
-                dft.truncate(min(dft.n_past, keep))
+            if drafter is not None:
+                drafter.rollback(keep)
 
         if not stopper.hit:  # bytes of an unfinished character, then any text held for stop strings
             piece = stopper.feed(utf8.decode(b"", final=True))
