@@ -216,3 +216,105 @@ def pull_command(name: str, no_progress: bool) -> None:
         state = "cached" if r.cached else f"fetched from {r.source.describe()}"
         click.echo(f"{r.model}: {r.path}")
         click.echo(f"    sha256 {r.sha256} ({check}; {state})")
+
+
+def _number_list(kind):
+    """click callback: "0.5,1,2" -> (0.5, 1.0, 2.0) of ``kind``; None stays None."""
+    def parse(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return tuple(kind(v) for v in value.split(",") if v.strip())
+        except ValueError:
+            raise click.BadParameter(f"expected a comma-separated list of {kind.__name__}s, "
+                                     f"got {value!r}")
+    return parse
+
+
+@main.command("bench", context_settings={"show_default": True})
+@click.argument("verifier", required=False)
+@click.argument("draft", required=False)
+@click.option("--pair", metavar="NAME", help="A draft/verifier pair from models.yaml "
+              "(default: the registry's default pair when no model is given).")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
+              help='JSONL prompt file, one {"prompt": ..., "id": ...} per line [default: HumanEval].')
+@click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
+@click.option("--chat/--no-chat", default=None,
+              help="Render prompts with the chat template [default: on for HumanEval-style problems].")
+@click.option("-n", "--n-predict", type=int, default=128, help="Tokens to generate per prompt.")
+@click.option("--configs", callback=_number_list(str), default=None, metavar="LIST",
+              help="Configurations: none,sps,cactus,typical,ngram,ngram-cactus "
+                   "[default: all but ngram-cactus].")
+@click.option("--delta", "deltas", callback=_number_list(float), default="0.5,1,2", metavar="LIST",
+              help="Cactus delta grid, nats.")
+@click.option("--k", "ks", callback=_number_list(int), default=None, metavar="LIST",
+              help="Draft-length grid, e.g. 4,8 [default: the pair's k, else 8].")
+@click.option("--solver", type=click.Choice(["taylor", "exact"]), default="taylor", help="Cactus gamma.")
+@click.option("--temp", type=float, default=None, help="Temperature [default: the pair's, else 0.6].")
+@click.option("--top-k", type=int, default=None, help="Top-k [default: the pair's, else 20].")
+@click.option("--top-p", type=float, default=None, help="Top-p [default: the pair's, else 0.95].")
+@click.option("--min-p", type=float, default=None, help="Min-p [default: 0].")
+@click.option("-s", "--seed", type=int, default=0, help="Seed of the first prompt (prompt i: seed + i).")
+@click.option("-c", "--ctx-size", "n_ctx", type=int, default=4096, help="Context size, tokens.")
+@click.option("-b", "--batch-size", "n_batch", type=int, default=512, help="Max tokens per llama_decode.")
+@click.option("-t", "--threads", type=int, default=None, help="CPU threads [default: all usable cores].")
+@click.option("-ngl", "--n-gpu-layers", "ngl", type=int, default=-1, help="Verifier layers on the GPU.")
+@click.option("-ngld", "--n-gpu-layers-draft", "ngld", type=int, default=-1, help="Draft layers on the GPU.")
+@click.option("-fa", "--flash-attn", type=click.Choice(["auto", "on", "off"]), default="auto",
+              help="Flash attention.")
+@click.option("--timeout", type=float, default=5.0, help="Seconds allowed per pass@1 test run.")
+@click.option("--forward-repeats", type=int, default=10, help="Repeats of each forward-cost probe.")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default="bench-out",
+              help="Directory for bench.json and bench.png.")
+@click.option("--no-plot", is_flag=True, help="Do not write bench.png.")
+@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@click.option("--kernels", is_flag=True,
+              help="Instead: micro-benchmark the native verify step against the NumPy reference.")
+@click.option("--repeats", type=int, default=30, help="--kernels: timed repeats per cell.")
+def bench_command(verifier, draft, pair, prompts_file, limit, chat, n_predict, configs, deltas, ks,
+                  solver, temp, top_k, top_p, min_p, seed, n_ctx, n_batch, threads, ngl, ngld,
+                  flash_attn, timeout, forward_repeats, output, no_plot, no_progress, kernels,
+                  repeats) -> None:
+    """Benchmark every configuration side by side on the same prompts and seeds.
+
+    Runs none (verifier alone), sps, cactus at each delta, typical and the ngram drafter, at each
+    k, interleaved per prompt; prints a table and writes OUTPUT/bench.json and OUTPUT/bench.png.
+    """
+    import json
+    from pathlib import Path
+
+    from . import bench
+
+    if kernels:
+        result = bench.kernel_benchmark(repeats=repeats, progress=not no_progress)
+        for line in bench.format_kernel_table(result):
+            click.echo(line)
+        out = Path(output)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "kernels.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        click.echo(f"wrote {out / 'kernels.json'}", err=True)
+        return
+    try:
+        plan = bench.plan_bench(bench.BenchRequest(
+            verifier=verifier, draft=draft, pair=pair, prompts_file=prompts_file, limit=limit,
+            chat=chat, n_predict=n_predict, methods=configs, deltas=deltas, ks=ks, solver=solver,
+            temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, n_ctx=n_ctx,
+            n_batch=n_batch, n_threads=threads, n_gpu_layers=ngl, n_gpu_layers_draft=ngld,
+            flash_attn=flash_attn, timeout=timeout, forward_repeats=forward_repeats))
+    except (ValueError, OSError) as e:
+        _fail(str(e))
+    try:
+        report = bench.run_bench(plan, progress=not no_progress,
+                                 log=lambda m: click.echo(f"cactus-gguf: {m}", err=True))
+    except KeyboardInterrupt:
+        click.echo("cactus-gguf: interrupted", err=True)
+        raise SystemExit(130)
+    except (ValueError, OSError, RuntimeError) as e:
+        _fail(str(e))
+    for line in bench.format_table(report):
+        click.echo(line)
+    written = bench.write_report(report, output, plot=not no_plot)
+    click.echo(f"wrote {written['json']}" + (f" and {written['png']}" if written["png"] else ""),
+               err=True)
+    if written["note"]:
+        click.echo(f"cactus-gguf: {written['note']}", err=True)

@@ -158,6 +158,22 @@ def test_warp_matches_reference_at_qwen_vocab_size(params):
         np.testing.assert_array_equal(got > 0, want > 0)
 
 
+@pytest.mark.parametrize("top_k", [0, 50])
+def test_min_p_boundary_is_exact_to_the_ulp(top_k):
+    # logits within a few ulps of l_max + log(min_p): kept iff (double)l - l_max >= log(min_p)
+    for min_p in [0.05, 0.1, 1 / 3, 0.5]:
+        l_max = np.float32(2.75)
+        edge = np.float32(float(l_max) + math.log(ref.f32(min_p)))
+        near = [edge]
+        for _ in range(4):
+            near = [np.nextafter(near[0], np.float32(-np.inf))] + near + [np.nextafter(near[-1], np.float32(np.inf))]
+        l = np.array([l_max, *near, -5.0], dtype=np.float32)
+        got = sampler(l.size, top_k=top_k, min_p=min_p).warp(l)
+        want = ref.warp(l, l.size, 1.0, top_k, 1.0, min_p)
+        np.testing.assert_array_equal(got > 0, want > 0)
+        assert 0 < (got > 0).sum() < l.size
+
+
 def test_warp_short_logits_give_zero_tail():
     s = sampler(10, temperature=0.7, top_k=3)
     l = np.array([0.1, 2.0, -1.0, 1.5], dtype=np.float32)
@@ -175,7 +191,10 @@ def test_warp_infinite_temperature_is_uniform_over_kept_tokens():
     np.testing.assert_allclose(sampler(4, temperature=math.inf).warp(l), [1 / 3, 1 / 3, 0, 1 / 3])
 
 
-@pytest.mark.parametrize("bad", [np.nan, np.inf])
+NEGATIVE_NAN = np.array([0xFFC00001], dtype=np.uint32).view(np.float32)[0]  # sign bit set
+
+
+@pytest.mark.parametrize("bad", [np.nan, NEGATIVE_NAN, np.inf], ids=["nan", "-nan", "inf"])
 @pytest.mark.parametrize("V", [5, 1000])
 def test_nonfinite_logits_raise(bad, V):
     s = sampler(V, top_k=3)

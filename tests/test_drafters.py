@@ -1,0 +1,103 @@
+"""Drafters (model, n-gram prompt lookup), adaptive draft length, and the KL each rule pays.
+
+Statistical tests: Pearson chi-square, alpha = 0.001, fixed seeds (deterministic).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cactus_gguf.backend import LlamaModelContext
+from cactus_gguf.decoding import DecoderConfig, NgramDrafter, SpeculativeDecoder
+from cactus_gguf.native import AcceptanceParams, NativeSampler, SamplingParams
+
+import reference
+from test_decoding import ALPHA, CTX, chisquare_pvalue
+
+SAMPLING = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
+
+
+def test_ngram_lookup_proposes_what_followed_the_latest_match():
+    d = NgramDrafter(n_max=3, n_min=1)
+    tokens = np.zeros(8, np.int32)
+    history = [5, 6, 7, 8, 9, 1, 6, 7, 8, 2, 3, 6, 7]
+    # longest suffix found earlier: [6, 7] at index 6 (the latest), followed by 8, 2, 3, 6
+    # ([7] alone would also match, but the longer n-gram wins)
+    n = d.propose(history, 4, None, None, tokens)
+    assert tokens[:n].tolist() == [8, 2, 3, 6]
+    assert d.propose([1, 2, 3], 4, None, None, tokens) == 0  # no earlier occurrence
+    n = d.propose([4, 4, 4], 4, None, None, tokens)  # [4, 4] at 0 is followed by one token
+    assert tokens[:n].tolist() == [4]
+
+
+@pytest.mark.parametrize("method,delta", [("sps", 0.0), ("cactus", 1.0), ("topk", 0.0)])
+def test_ngram_drafter_first_token_distribution(tiny_pair, method, delta):
+    """With a deterministic drafter p is one-hot at the drafted token n: Cactus accepts with h[n]."""
+    ver, _ = tiny_pair
+    prompt = "the cat sat on the mat the cat sat on"
+    cfg = DecoderConfig(k=1, drafter="ngram", sampling=SAMPLING, context=CTX,
+                        acceptance=AcceptanceParams(method=method, delta=delta))
+    with SpeculativeDecoder(ver, None, cfg) as dec:
+        ids = dec.tokenize(prompt)
+        probe = np.zeros(1, np.int32)
+        assert NgramDrafter(3, 1).propose(ids, 1, None, None, probe) == 1
+        drafted = int(probe[0])
+        row = np.array(dec.verifier.decode(ids, 1)[0])
+        q = NativeSampler(dec.verifier.n_vocab, SAMPLING, AcceptanceParams(), 0).warp(row)
+        counts = np.zeros(len(q), np.int64)
+        for seed in range(4000):
+            res = dec.generate(prompt, n_predict=2, seed=seed)
+            assert res.stats.n_drafted == 1
+            counts[res.tokens[0] if res.tokens else dec.verifier.eos] += 1
+    expected = reference.emitted_first_token_distribution(None, q, method, delta=delta,
+                                                          drafted=drafted)
+    assert chisquare_pvalue(counts, expected) > ALPHA
+
+
+def test_draft_p_min_and_draft_min_shorten_or_drop_drafts(tiny_pair):
+    ver, dft = tiny_pair
+
+    def stats(**kw):
+        cfg = DecoderConfig(k=4, sampling=SAMPLING, context=CTX, **kw)
+        with SpeculativeDecoder(ver, dft, cfg) as dec:
+            return dec.generate("the cat sat on", n_predict=60, seed=1).stats
+
+    full = stats()
+    assert full.mean_drafted_length > 3.0
+    assert stats(draft_p_min=1.0).n_drafted == 0  # no warped p is one-hot at temperature 1
+    some = stats(draft_p_min=0.5)
+    assert 0 < some.mean_drafted_length < full.mean_drafted_length
+    dropped = stats(draft_p_min=0.5, draft_min=4)
+    assert dropped.n_drafted % 4 == 0 and dropped.n_drafted < some.n_drafted
+
+
+@pytest.mark.parametrize("delta", [0.1, 0.5, 2.0])
+def test_exact_solver_never_exceeds_the_budget_and_sps_pays_nothing(tiny_pair, delta):
+    ver, dft = tiny_pair
+    for method, solver in (("cactus", "exact"), ("cactus", "taylor"), ("sps", "taylor")):
+        cfg = DecoderConfig(k=4, sampling=SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+                            context=CTX, acceptance=AcceptanceParams(method=method, delta=delta,
+                                                                     solver=solver))
+        with SpeculativeDecoder(ver, dft, cfg) as dec:
+            s = dec.generate("the cat sat on", n_predict=100, seed=2).stats
+        assert s.n_evaluated > 20
+        if method == "sps":
+            assert s.kl_max == 0.0 and s.kl_mean == 0.0
+        elif solver == "exact":
+            assert 0.0 < s.kl_max <= delta * (1 + 1e-9)
+        else:
+            assert s.kl_max > 0.0
+
+
+def test_typical_acceptance_distribution_with_a_matching_draft(tiny_pair):
+    """Draft = verifier (p = q): typical keeps each drafted n with q[n] above the threshold and
+    sends the rest of the mass to the verifier's argmax, so more than one token carries mass."""
+    ver, _ = tiny_pair
+    from test_decoding import decoder, first_position_dists, first_token_histogram
+    q, p = first_position_dists(ver, ver, SAMPLING)
+    expected = reference.emitted_first_token_distribution(p, q, "typical")
+    assert (expected > 0).sum() >= 2
+    with decoder(ver, ver, k=1, method="typical") as dec:
+        counts = first_token_histogram(dec, 4000, len(q))
+    assert chisquare_pvalue(counts, expected) > ALPHA
+    assert chisquare_pvalue(counts, q.astype(np.float64), strict=False) < ALPHA
