@@ -136,6 +136,9 @@ def plan_run(req: RunRequest) -> RunPlan:
 
     if not isinstance(req.n_predict, int) or req.n_predict < 1:
         raise ValueError(f"-n/--n-predict must be >= 1, got {req.n_predict}")
+    if not isinstance(req.seed, int) or req.seed >= 2**64:
+        raise ValueError(f"-s/--seed must be an integer below 2**64 (negative = random), "
+                         f"got {req.seed}")
     if math.isnan(values["delta"]) or values["delta"] < 0:
         raise ValueError(f"--delta must be a number >= 0 (nats), got {values['delta']}")
     sampling = SamplingParams(temperature=values["temperature"], top_k=values["top_k"],

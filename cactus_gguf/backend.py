@@ -88,7 +88,14 @@ def _last_llama_error() -> str:
     """The most specific error llama.cpp logged since the last clear (its first one, unprefixed)."""
     for message in _recent_errors:
         if "error loading model:" in message:
-            return message.split("error loading model:", 1)[1].strip().splitlines()[0]
+            reason = message.split("error loading model:", 1)[1].strip().splitlines()[0]
+            # the loader's generic line; gguf's own line says what was wrong (header, key-value
+            # pairs, tensor infos: a truncated or corrupt file)
+            gguf_reason = next((m for m in _recent_errors if m.startswith("gguf_")), None)
+            if "failed to load model from" in reason and gguf_reason:
+                reason = (f"{gguf_reason.split(': ', 1)[-1].splitlines()[0]} "
+                          "(truncated or corrupt GGUF file)")
+            return reason
     if _recent_errors:
         return _recent_errors[0].splitlines()[0]
     return "llama.cpp gave no reason (run with --verbose to see its log)"
@@ -397,8 +404,13 @@ class LlamaModelContext:
         if self.n_past + n > self.n_ctx:
             raise DecodeError(f"context full: {self.n_past} + {n} tokens > n_ctx={self.n_ctx}")
         start = self.n_past
-        for c0 in range(0, n, self.n_batch):
-            chunk = tokens[c0:c0 + self.n_batch]
+        # Chunks of n_batch with the short one first: the last chunk holds the last
+        # min(n, n_batch) >= n_logits rows, so every requested row is in the last decode's output
+        # (llama_get_logits only holds the last call's rows).
+        first_chunk = n - (n - 1) // self.n_batch * self.n_batch  # in [1, n_batch]
+        bounds = [0, *range(first_chunk, n + 1, self.n_batch)]
+        for c0, c1 in zip(bounds, bounds[1:]):
+            chunk = tokens[c0:c1]
             m = len(chunk)
             self._b_token[:m] = chunk
             self._b_pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)

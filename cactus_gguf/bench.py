@@ -56,12 +56,20 @@ __all__ = [
 SCHEMA = "cactus-gguf-bench/1"
 # The paper's sampling (Hao & Mou 2026, section 5): used when neither a pair nor the user sets it.
 PAPER_SAMPLING = SamplingParams(temperature=0.6, top_k=20, top_p=0.95, min_p=0.0)
-METHODS = ("none", "sps", "cactus", "typical", "ngram", "ngram-cactus")
+# Configuration families, as data: the acceptance rule (None = the verifier alone), who drafts,
+# and whether the family is crossed with the δ grid. Every family but none is crossed with k.
+FAMILIES: dict[str, dict] = {
+    "none": {"acceptance": None, "drafter": None, "per_delta": False},
+    "sps": {"acceptance": "sps", "drafter": "model", "per_delta": False},
+    "cactus": {"acceptance": "cactus", "drafter": "model", "per_delta": True},
+    "typical": {"acceptance": "typical", "drafter": "model", "per_delta": False},
+    "topk": {"acceptance": "topk", "drafter": "model", "per_delta": False},
+    "ngram": {"acceptance": "sps", "drafter": "ngram", "per_delta": False},  # lossless lookup
+    "ngram-cactus": {"acceptance": "cactus", "drafter": "ngram", "per_delta": True},
+}
+METHODS = tuple(FAMILIES)
 DEFAULT_DELTAS = (0.5, 1.0, 2.0)
-HUMANEVAL_INSTRUCTION = (
-    "Complete the following Python function. Reply with the complete function (signature and "
-    "body) in a single ```python code block. Do not repeat the docstring; no explanation, no "
-    "tests, no example usage.")
+HUMANEVAL_INSTRUCTION = "Complete the following Python function."
 
 
 def has_ngram_drafter() -> bool:
@@ -83,7 +91,7 @@ def default_methods(has_draft_model: bool = True) -> tuple[str, ...]:
 
 
 def _needs_draft_model(method: str) -> bool:
-    return method in ("sps", "cactus", "typical")
+    return FAMILIES[method]["drafter"] == "model"
 
 
 def _fmt_num(x: float) -> str:
@@ -93,11 +101,10 @@ def _fmt_num(x: float) -> str:
 def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[int]) -> list[dict]:
     """The configurations of one run, in the base order (rotated per prompt by :func:`schedule`).
 
-    Each is a dict: ``id`` (unique, file-safe), ``label`` (for people), ``method`` (one of
-    METHODS), ``acceptance`` (the native rule: none/sps/cactus/typical), ``drafter``
-    (None/"model"/"ngram"), ``k`` (None for none), ``delta`` (Cactus only). ``none`` comes once;
-    every other method once per k (and per δ for the Cactus ones). ``ngram`` verifies with SpS
-    (lossless); ``ngram-cactus`` with Cactus.
+    Each is a dict: ``id`` (unique, file-safe), ``label`` (for people), ``method`` (a FAMILIES
+    name), ``acceptance`` (the native rule, None for none), ``drafter`` (None/"model"/"ngram"),
+    ``k`` (None for none), ``delta`` (the Cactus families only). ``none`` comes once; every other
+    family once per k, and once per δ for the Cactus ones.
 
     Raises ValueError for an unknown method, an empty grid, a k < 1 or a δ < 0.
     """
@@ -110,7 +117,7 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
         raise ValueError(f"k values must be integers >= 1, got {list(ks)}")
     if any(not (isinstance(d, (int, float)) and d >= 0) for d in deltas):
         raise ValueError(f"delta values must be >= 0 nats, got {list(deltas)}")
-    if any(m in ("cactus", "ngram-cactus") for m in methods) and not deltas:
+    if any(FAMILIES[m]["per_delta"] for m in methods) and not deltas:
         raise ValueError("cactus needs at least one delta")
     multi_k = len(ks) > 1
     out: list[dict] = []
@@ -120,18 +127,16 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
     for k in ks:
         suffix = f" k={k}" if multi_k else ""
         for m in methods:
-            if m == "none":
+            fam = FAMILIES[m]
+            if fam["acceptance"] is None:
                 continue
-            drafter = "ngram" if m.startswith("ngram") else "model"
-            if m in ("cactus", "ngram-cactus"):
+            common = {"method": m, "acceptance": fam["acceptance"], "drafter": fam["drafter"], "k": k}
+            if fam["per_delta"]:
                 for d in deltas:
-                    out.append({"id": f"{m}-d{_fmt_num(d)}-k{k}", "label": f"{m} δ={_fmt_num(d)}{suffix}",
-                                "method": m, "acceptance": "cactus", "drafter": drafter, "k": k,
-                                "delta": float(d)})
+                    out.append({"id": f"{m}-d{_fmt_num(d)}-k{k}",
+                                "label": f"{m} δ={_fmt_num(d)}{suffix}", **common, "delta": float(d)})
             else:
-                out.append({"id": f"{m}-k{k}", "label": f"{m}{suffix}", "method": m,
-                            "acceptance": "sps" if m == "ngram" else m, "drafter": drafter,
-                            "k": k, "delta": None})
+                out.append({"id": f"{m}-k{k}", "label": f"{m}{suffix}", **common, "delta": None})
     return out
 
 
@@ -169,9 +174,9 @@ class BenchPrompt:
     """One benchmark prompt.
 
     id: a stable name ("HumanEval/0", or the JSONL "id", or "line-N").
-    text: the user's prompt (before any chat template).
-    problem: a HumanEval-style problem dict (prompt, test, entry_point, task_id) to score the
-        answer with pass@1, or None (speed only).
+    text: the user's message (before any chat template; for a problem, the instruction and stub).
+    problem: a HumanEval-style problem dict (prompt = the function stub, test, entry_point,
+        task_id) to score the answer with pass@1, or None (speed only).
     """
 
     id: str
@@ -193,9 +198,8 @@ def load_humaneval(limit: int | None = None) -> list[BenchPrompt]:
     problems = list(read_problems().values())
     if limit is not None:
         problems = problems[:limit]
-    return [BenchPrompt(id=p["task_id"],
-                        text=f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{p['prompt'].strip()}\n```",
-                        problem=p) for p in problems]
+    return [BenchPrompt(id=p["task_id"], text=problem_message(p["prompt"]), problem=p)
+            for p in problems]
 
 
 def load_prompts_jsonl(path: str | os.PathLike[str], limit: int | None = None) -> list[BenchPrompt]:
@@ -232,7 +236,7 @@ def load_prompts_jsonl(path: str | os.PathLike[str], limit: int | None = None) -
         if isinstance(obj.get("test"), str) and isinstance(obj.get("entry_point"), str):
             problem = {"task_id": pid, "prompt": obj["prompt"], "test": obj["test"],
                        "entry_point": obj["entry_point"]}
-            text = f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{obj['prompt'].strip()}\n```"
+            text = problem_message(obj["prompt"])
         out.append(BenchPrompt(id=pid, text=text, problem=problem))
         if limit is not None and len(out) >= limit:
             break
@@ -245,26 +249,12 @@ def load_prompts_jsonl(path: str | os.PathLike[str], limit: int | None = None) -
 # Scoring: code extraction and HumanEval pass@1
 # =================================================================================================
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
-_PY_LANGS = {"", "python", "py", "python3"}
 _KEEP_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
                ast.Assign, ast.AnnAssign)
 
 
-def _pick_block(answer: str, entry_point: str) -> str:
-    """The Python code of a chat answer: the first ```python block that defines ``entry_point``,
-    else the first Python block, else the whole answer. An unclosed fence (the answer was cut by
-    -n) runs to the end of the text."""
-    blocks = [code for lang, code in _FENCE.findall(answer) if lang.lower() in _PY_LANGS]
-    define = re.compile(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", re.M)
-    for code in blocks:
-        if define.search(code):
-            return code
-    return blocks[0] if blocks else answer
-
-
 def _parsable_prefix(code: str) -> str:
-    """The longest prefix of whole lines that parses (an answer cut mid-function loses its tail)."""
+    """The longest prefix of whole lines that parses (an answer cut by -n loses its broken tail)."""
     lines = code.split("\n")
     for n in range(len(lines), 0, -1):
         text = "\n".join(lines[:n])
@@ -277,44 +267,42 @@ def _parsable_prefix(code: str) -> str:
 
 
 def _keep_definitions(code: str) -> str:
-    """Top-level imports, functions, classes and assignments of ``code``; drops example calls,
-    prints, asserts and ``if __name__ == "__main__":`` blocks, which are not part of a solution."""
+    """Top-level imports, functions, classes and assignments of ``code`` (its longest parsable
+    prefix); drops example calls, prints, asserts and ``if __name__ == "__main__":`` blocks."""
     code = _parsable_prefix(code)
-    tree = ast.parse(code)
     lines = code.split("\n")
     kept = []
-    for node in tree.body:
+    for node in ast.parse(code).body:
         if isinstance(node, _KEEP_NODES):
             first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
             kept.append("\n".join(lines[first - 1:node.end_lineno]))
     return "\n\n".join(kept) + "\n"
 
 
-def _truncate_body(text: str) -> str:
-    """A raw continuation of a function stub: everything up to the first non-indented line."""
-    out = []
-    for line in text.split("\n"):
-        if line.strip() and not line[0].isspace():
-            break
-        out.append(line)
-    return "\n".join(out).rstrip() + "\n"
+def problem_message(stub: str) -> str:
+    """The user message asking for a function: the instruction and the stub in a code block."""
+    return f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{stub.rstrip()}\n```"
 
 
-def extract_completion(answer: str, entry_point: str, *, chat: bool = True) -> str:
-    """The HumanEval ``completion`` (the text run after the problem's prompt) of a model answer.
+def response_prefix(stub: str) -> str:
+    """What the assistant's answer is made to start with: an open code block holding the stub,
+    so the model writes the body right away (an instruct model left alone restates the whole
+    docstring first, which alone can exhaust a 128-token budget)."""
+    return f"```python\n{stub.rstrip()}\n"
 
-    chat=True: the code of the answer's ```python block; if it defines ``entry_point`` it becomes
-    a full redefinition after the stub (the stub's docstring is a valid body, and the stub's
-    imports and helper functions stay in scope); otherwise it is taken as the function body.
-    chat=False: the answer continued the stub directly; it is cut at the first top-level line.
+
+def extract_completion(stub: str, generated: str) -> str:
+    """The HumanEval ``completion`` (the text the harness runs after the stub) for ``generated``,
+    the model's continuation of the stub.
+
+    The continuation is cut at the closing code fence; then the stub plus the continuation keeps
+    only its top-level definitions (imports, functions, classes, assignments: helper functions
+    the model added stay, example calls and ``__main__`` blocks go) and is cut back to its longest
+    parsable prefix when -n stopped it mid-statement. The result redefines the function after
+    the stub, whose docstring-only body is valid Python.
     """
-    if not chat:
-        return _truncate_body(answer)
-    code = _pick_block(answer, entry_point)
-    if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", code, re.M):
-        return "\n" + _keep_definitions(code)
-    body = textwrap.dedent(code).strip("\n")
-    return textwrap.indent(body, "    ") + "\n"
+    code = generated.split("```", 1)[0]
+    return "\n" + _keep_definitions(stub.rstrip() + "\n" + code)
 
 
 def _check_program(problem: dict, completion: str) -> str:
@@ -739,6 +727,22 @@ def plan_bench(req: BenchRequest) -> BenchPlan:
                      warmup=req.warmup, ks=ks)
 
 
+def render_prompt(prompt: BenchPrompt, chat: bool,
+                  format_chat: Callable[[list[dict]], str]) -> str:
+    """The text the decoder continues.
+
+    A problem with chat: the chat template over the instruction and the stub, then the assistant's
+    answer opened with the stub (:func:`response_prefix`). A problem without chat: the stub alone
+    (the classic HumanEval completion). A free prompt: itself, through the chat template if chat.
+    """
+    if prompt.problem is not None:
+        stub = prompt.problem["prompt"]
+        if chat:
+            return format_chat([{"role": "user", "content": prompt.text}]) + response_prefix(stub)
+        return stub
+    return format_chat([{"role": "user", "content": prompt.text}]) if chat else prompt.text
+
+
 def _settings(plan: BenchPlan, chat: bool) -> dict:
     s = plan.base_config.sampling
     c = plan.base_config.context
@@ -794,8 +798,7 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
         # instruct model answers in a code block); free prompts are continued as they are.
         chat = plan.chat if plan.chat is not None else (
             all(p.problem is not None for p in prompts) and bool(dec.verifier.chat_template()))
-        rendered = [dec.format_chat([{"role": "user", "content": p.text}]) if chat
-                    else (p.problem["prompt"] if p.problem is not None else p.text) for p in prompts]
+        rendered = [render_prompt(p, chat, dec.format_chat) for p in prompts]
 
         first_tokens = dec.tokenize(rendered[0])
         if plan.warmup:  # first decodes page the weights in and size llama.cpp's buffers
@@ -838,7 +841,7 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
     for r in tqdm(to_score, desc="pass@1", unit="check", file=sys.stderr,
                   disable=not progress or not to_score, dynamic_ncols=True):
         problem = by_id[r["prompt"]].problem
-        r["completion"] = extract_completion(r["text"], problem["entry_point"], chat=chat)
+        r["completion"] = extract_completion(problem["prompt"], r["text"])
         r["passed"], r["check"] = check_completion(problem, r["completion"], plan.timeout)
     for r in runs:
         r.setdefault("completion", None)
@@ -900,6 +903,14 @@ def format_table(report: dict) -> list[str]:
     lines.append(f"forward cost (median of {fw['repeats']}): verifier {ver}"
                  + (f"; draft 1 tok {fw['draft']['1']:.1f} ms "
                     f"(= {fw['draft_over_verifier']:.2f} x verifier 1 tok)" if fw["draft"] else ""))
+    util = quantiles([r["cpu_utilisation"] for r in report["runs"]
+                      if r.get("cpu_utilisation") is not None])
+    load = report.get("load_average") or {}
+    if util["median"] is not None:
+        lines.append(f"CPU time / wall time per run: median {util['median']:.2f}, min {util['min']:.2f} "
+                     f"({report['settings']['n_threads']} threads; lower means other processes took "
+                     f"cores)" + (f"; load average {load['before'][0]:.2f} before, "
+                                  f"{load['after'][0]:.2f} after" if load.get("before") else ""))
     return lines
 
 
@@ -933,7 +944,7 @@ def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, (ax_al, ax_tps) = plt.subplots(1, 2, figsize=(11, 4.2))
     cactus_deltas = sorted({s["delta"] for s in summary if s["method"] == "cactus"})
-    styles = {"sps": "--", "typical": ":", "ngram": "-.", "ngram-cactus": (0, (1, 3))}
+    styles = {"sps": "--", "typical": ":", "topk": (0, (3, 1, 1, 1)), "ngram": "-."}
     for i, k in enumerate(ks):
         color = colors[i % len(colors)]
         ksuf = f" k={k}" if len(ks) > 1 else ""
@@ -948,7 +959,7 @@ def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
             ax_tps.fill_between(d, [s["tokens_per_second"]["q25"] for s in cac],
                                 [s["tokens_per_second"]["q75"] for s in cac], color=color, alpha=0.15)
         for s in summary:
-            if s["k"] == k and s["method"] in styles and s["method"] != "ngram-cactus":
+            if s["k"] == k and s["method"] in styles:
                 ax_al.axhline(s["mean_accepted_length"], color=color, ls=styles[s["method"]], lw=1.2,
                               label=s["label"])
                 ax_tps.axhline(s["tokens_per_second"]["median"], color=color, ls=styles[s["method"]],
@@ -1016,14 +1027,15 @@ def _load_reference(path: str | os.PathLike[str] | None = None):
 
 def kernel_benchmark(ks: Iterable[int] = (4, 8, 16), vocab_sizes: Iterable[int] = (32_000, 151_936),
                      *, repeats: int = 30, numpy_repeats: int = 3, logit_scale: float = 3.0,
-                     draft_noise: float = 0.3, method: str = "cactus", delta: float = 1.0,
+                     draft_noise: float = 0.0, method: str = "cactus", delta: float = 1.0,
                      seed: int = 0, reference: str | os.PathLike[str] | None = None,
                      progress: bool = False) -> dict:
     """Time one verification step (``NativeSampler.verify``) per (V, warps, k), median of repeats.
 
     Inputs: verifier logits float32 [k+1, V] ~ logit_scale * N(0, 1); draft logits = the first k
     rows plus draft_noise * logit_scale * N(0, 1), warped by the same sampler into p float32
-    [k, V]; drafted tokens sampled from p. Warps: temperature 0.6, top-p 0.95, min-p 0, with
+    [k, V]; drafted tokens sampled from p. The default draft_noise 0 makes p = q, so every
+    draft is accepted and each step warps all k + 1 verifier rows: the most work a step can do. Warps: temperature 0.6, top-p 0.95, min-p 0, with
     top-k 20 and with top-k off. Every repeat uses a fresh sampler seeded with its index (built
     outside the timer), so the C helper and the NumPy reference (fed the same uniforms) make the
     same decisions; ``ratio`` is the median over paired repeats of NumPy time / C time and

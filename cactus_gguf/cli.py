@@ -1,10 +1,40 @@
 """Command-line interface: parses options, calls the Python API, prints. No logic of its own."""
 from __future__ import annotations
 
+import errno
+import os
+import sys
+
 import click
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineErrors(click.Group):
+    """click's group, except that option errors (`-k abc`, an unknown flag) are reported like every
+    other input error: one line on stderr (see _fail), exit code 1; Ctrl-C exits with 130."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:  # embedded (e.g. click's test runner asked for raw exceptions)
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.ClickException as e:
+            if isinstance(e, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+                e.show()  # bare `cactus-gguf`: the help text
+                raise SystemExit(e.exit_code) from None
+            _fail(" ".join(e.format_message().split()))
+        except click.exceptions.Abort:  # Ctrl-C outside generation (generation handles its own)
+            click.echo("cactus-gguf: interrupted", err=True)
+            raise SystemExit(130) from None
+        except OSError as e:
+            if e.errno != errno.EPIPE:
+                raise
+            # stdout closed early (`| head`): stop quietly, and keep Python's exit-time flush quiet
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(1) from None
+        raise SystemExit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="cactus-gguf")
 def main() -> None:
     """Cactus constrained-acceptance speculative decoding for GGUF models."""
@@ -243,8 +273,8 @@ def _number_list(kind):
               help="Render prompts with the chat template [default: on for HumanEval-style problems].")
 @click.option("-n", "--n-predict", type=int, default=128, help="Tokens to generate per prompt.")
 @click.option("--configs", callback=_number_list(str), default=None, metavar="LIST",
-              help="Configurations: none,sps,cactus,typical,ngram,ngram-cactus "
-                   "[default: all but ngram-cactus].")
+              help="Configurations: none,sps,cactus,typical,topk,ngram,ngram-cactus "
+                   "[default: none,sps,cactus,typical,ngram].")
 @click.option("--delta", "deltas", callback=_number_list(float), default="0.5,1,2", metavar="LIST",
               help="Cactus delta grid, nats.")
 @click.option("--k", "ks", callback=_number_list(int), default=None, metavar="LIST",

@@ -119,7 +119,8 @@ class DecoderConfig:
     ngram_max / ngram_min: longest / shortest n-gram the n-gram drafter looks up, tokens.
     sampling: warps shared by draft and verifier (the acceptance test compares the warped p and q).
     verifier_model / draft_model: load options (n_gpu_layers, mmap, repacking) per model.
-    context: n_ctx / n_batch / threads, used for both contexts.
+    context: n_ctx / n_batch / threads of the verifier's context (and the draft's, by default).
+    draft_context: the draft's context when it should differ (e.g. a smaller n_ctx); None = context.
     """
 
     k: int = 8
@@ -133,6 +134,7 @@ class DecoderConfig:
     verifier_model: ModelOptions = field(default_factory=ModelOptions)
     draft_model: ModelOptions = field(default_factory=ModelOptions)
     context: ContextOptions = field(default_factory=ContextOptions)
+    draft_context: ContextOptions | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
@@ -289,14 +291,23 @@ class ModelDrafter:
         self.n_logits = min(n_vocab, model.n_vocab)  # never propose an id the verifier lacks
         self.p_min = p_min
 
-    def reset(self, prompt: Sequence[int]) -> None:
+    def reset(self, prompt: Sequence[int]) -> bool:
+        """Decode the prompt but its last token. False (nothing decoded) when the draft cannot take
+        the prompt (see ``room``): the verifier then decodes alone."""
         self.model.clear()
+        if self.room(prompt) < 1:
+            return False
         if len(prompt) > 1:
             self.model.decode(prompt[:-1], n_logits=0)
+        return True
 
-    def room(self, n_committed: int) -> int:
-        """Most tokens it can draft now: it decodes the pending tokens plus d_1 .. d_{k-1}."""
-        return self.model.n_ctx - n_committed + 1
+    def room(self, committed: Sequence[int]) -> int:
+        """Most tokens it can draft now: it decodes the pending tokens plus d_1 .. d_{k-1}.
+        0 when it cannot follow the committed tokens: a pending token is an id its vocabulary
+        lacks (an unused padding id of a longer verifier vocabulary, sampled by the verifier)."""
+        if max(committed[self.model.n_past:], default=0) >= self.model.n_vocab:
+            return 0
+        return self.model.n_ctx - len(committed) + 1
 
     def propose(self, committed: list[int], k: int, sampler: NativeSampler, probs: np.ndarray,
                 tokens: np.ndarray) -> int:
@@ -332,10 +343,10 @@ class NgramDrafter:
     def __init__(self, n_max: int, n_min: int) -> None:
         self.n_max, self.n_min = n_max, n_min
 
-    def reset(self, prompt: Sequence[int]) -> None:
-        pass
+    def reset(self, prompt: Sequence[int]) -> bool:
+        return True
 
-    def room(self, n_committed: int) -> int:
+    def room(self, committed: Sequence[int]) -> int:
         return 1 << 30  # no context of its own
 
     def propose(self, committed: list[int], k: int, sampler: NativeSampler, probs: np.ndarray,
@@ -379,7 +390,8 @@ class SpeculativeDecoder:
         try:
             self.verifier = LlamaModelContext(verifier_path, config.verifier_model, config.context)
             if draft_path is not None:
-                self.draft = LlamaModelContext(draft_path, config.draft_model, config.context)
+                self.draft = LlamaModelContext(draft_path, config.draft_model,
+                                               config.draft_context or config.context)
                 check_vocab_compatible(self.verifier, self.draft)
         except BaseException:
             self.close()
@@ -422,9 +434,15 @@ class SpeculativeDecoder:
     # -- prompts -----------------------------------------------------------------------------------
 
     def tokenize(self, prompt: str) -> list[int]:
-        """The verifier's token ids for ``prompt`` (BOS added when the model wants it); both
-        contexts receive exactly these ids."""
-        return self.verifier.tokenize(prompt, add_special=True, parse_special=True)
+        """The verifier's token ids for ``prompt``; both contexts receive exactly these ids.
+
+        BOS is added when the model wants it, unless the text already starts with the BOS token
+        (as a rendered chat template often does): never a double BOS.
+        """
+        ver = self.verifier
+        bos_text = ver.token_text(ver.bos).decode("utf-8", "replace") if ver.bos >= 0 else ""
+        add_special = not (ver.add_bos and bos_text and prompt.startswith(bos_text))
+        return ver.tokenize(prompt, add_special=add_special, parse_special=True)
 
     def format_chat(self, messages: Sequence[dict]) -> str:
         """Render ``messages`` ([{"role": ..., "content": ...}]) with the GGUF's chat template."""
@@ -460,6 +478,7 @@ class SpeculativeDecoder:
                 if on_text is not None and piece:
                     on_text(piece)
         except StopIteration as done:
+            self.last_result = done.value
             return done.value
 
     def stream(self, prompt: str | Sequence[int], *, n_predict: int = 128,
@@ -486,6 +505,10 @@ class SpeculativeDecoder:
         if not tokens:
             raise ValueError("the prompt is empty: give some text to continue")
         ver, cfg = self.verifier, self.config
+        bad = next((t for t in tokens if not 0 <= t < ver.n_vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the verifier's vocabulary "
+                             f"[0, {ver.n_vocab})")
         drafter = self._drafter(cfg)
         if len(tokens) >= ver.n_ctx:
             raise ContextLengthError(
@@ -506,8 +529,8 @@ class SpeculativeDecoder:
         ver.clear()
         if len(tokens) > 1:
             ver.decode(tokens[:-1], n_logits=0)
-        if drafter is not None:
-            drafter.reset(tokens)
+        if drafter is not None and not drafter.reset(tokens):
+            drafter = None  # the prompt does not fit the draft's context: the verifier alone
         stats.prefill_seconds = time.perf_counter() - t0
 
         committed = list(tokens)
@@ -521,11 +544,12 @@ class SpeculativeDecoder:
             if room_v < 0:
                 stop_reason, message = "length", f"context full (n_ctx={ver.n_ctx})"
                 break
-            k = min(cfg.k, remaining - 1, room_v)
-            if drafter is not None and k > 0 and drafter.room(len(committed)) < 1:
+            # ... and the batch must fit one llama_decode: k <= n_batch - 1
+            k = min(cfg.k, remaining - 1, room_v, ver.n_batch - 1)
+            if drafter is not None and k > 0 and drafter.room(committed) < 1:
                 drafter = None  # the draft's context is full: the verifier alone from here on
             if drafter is not None and k > 0:
-                k = min(k, drafter.room(len(committed)))
+                k = min(k, drafter.room(committed))
 
             # -- draft ----------------------------------------------------------------------------
             td = time.perf_counter()
@@ -577,8 +601,9 @@ class SpeculativeDecoder:
                     stop_reason, finished = "length", True
                     break
             # Roll back: the verifier keeps t_0 .. t_{L-1} + the accepted drafts (the new pending
-            # token is decoded next step); the draft keeps at most that much.
-            keep = n_before + n_acc
+            # token is decoded next step); the draft keeps at most that much. After a stop inside
+            # the block (EOS, stop string, length) that is committed[:-1]: nothing past the end.
+            keep = min(n_before + n_acc, len(committed) - 1)
             ver.truncate(min(ver.n_past, keep))
             if drafter is not None:
                 drafter.rollback(keep)

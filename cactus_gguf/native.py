@@ -245,8 +245,7 @@ class StepResult:
     - ``n_accepted``: acceptance length AL, accepted drafts ``0..k``.
     - ``next_token``: the residual token (``n_accepted < k``) or the bonus token (``n_accepted == k``).
     - ``n_evaluated``: drafted positions that went through the test, ``min(AL + 1, k)``.
-    - ``kl_sum``, ``kl_max``: sum and max over evaluated positions of KL(h || q), nats (max 0 if none;
-      +inf for ``topk`` when its top set holds a token with q = 0).
+    - ``kl_sum``, ``kl_max``: sum and max over evaluated positions of KL(h || q), nats (max 0 if none).
     """
 
     n_accepted: int
@@ -317,7 +316,7 @@ def _check_logits_row(logits, n_vocab: int, name: str = "logits") -> None:
         raise ValueError(f"{name} must be a C-contiguous float32 array [n], 1 <= n <= V={n_vocab}")
 
 
-def _check_probs_out(out, n_vocab: int, name: str) -> None:
+def _check_probs_out(out, logits: np.ndarray, n_vocab: int, name: str) -> None:
     if (
         type(out) is not np.ndarray
         or out.dtype != _F32
@@ -326,6 +325,8 @@ def _check_probs_out(out, n_vocab: int, name: str) -> None:
         or not out.flags.writeable
     ):
         raise ValueError(f"{name} must be a writable C-contiguous float32 array [V={n_vocab}]")
+    if np.may_share_memory(out, logits):
+        raise ValueError(f"{name} must not overlap logits (the warp uses it as scratch)")
 
 
 class NativeSampler:
@@ -345,7 +346,7 @@ class NativeSampler:
     """
 
     __slots__ = (
-        "n_vocab", "sampling", "acceptance", "_rng", "_rng_p", "_sp", "_sp_p", "_ap", "_ap_p",
+        "_n_vocab", "_sampling", "_acceptance", "_rng", "_rng_p", "_sp", "_sp_p", "_ap", "_ap_p",
         "_work", "_work_p", "_probs", "_probs_p", "_tok", "_tok_p", "_res", "_res_p",
     )
 
@@ -358,9 +359,9 @@ class NativeSampler:
             raise ValueError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         if not isinstance(acceptance, AcceptanceParams):
             raise ValueError(f"acceptance must be an AcceptanceParams, got {type(acceptance).__name__}")
-        self.n_vocab = int(n_vocab)
-        self.sampling = sampling
-        self.acceptance = acceptance
+        self._n_vocab = int(n_vocab)
+        self._sampling = sampling
+        self._acceptance = acceptance
         self._rng = Rng(seed)
         self._rng_p = ctypes.addressof(self._rng._c)
         self._sp = _SamplerParamsC(
@@ -376,14 +377,29 @@ class NativeSampler:
             acceptance.accept_top_k,
         )
         self._ap_p = ctypes.addressof(self._ap)
-        self._work = np.empty(_workspace_size(self.n_vocab), dtype=np.float32)
+        self._work = np.empty(_workspace_size(self._n_vocab), dtype=np.float32)
         self._work_p = _addr(self._work)
-        self._probs = np.empty(self.n_vocab, dtype=np.float32)
+        self._probs = np.empty(self._n_vocab, dtype=np.float32)
         self._probs_p = _addr(self._probs)
         self._tok = ctypes.c_int32(0)
         self._tok_p = ctypes.addressof(self._tok)
         self._res = _StepResultC()
         self._res_p = ctypes.addressof(self._res)
+
+    @property
+    def n_vocab(self) -> int:
+        """V, the vocabulary size every probability row has."""
+        return self._n_vocab
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """The warps (fixed for the sampler's life)."""
+        return self._sampling
+
+    @property
+    def acceptance(self) -> AcceptanceParams:
+        """The acceptance rule (fixed for the sampler's life)."""
+        return self._acceptance
 
     # -- warping and sampling ---------------------------------------------------------------
 
@@ -397,15 +413,15 @@ class NativeSampler:
         Raises:
             ValueError: bad dtype/shape. NonFiniteLogitsError: NaN/+inf, or all -inf.
         """
-        out = np.empty(self.n_vocab, dtype=np.float32)
+        out = np.empty(self._n_vocab, dtype=np.float32)
         self.warp_into(logits, out)
         return out
 
     def warp_into(self, logits: np.ndarray, out: np.ndarray) -> None:
         """Like ``warp``, writing into ``out``: float32 [V], writable, C-contiguous."""
-        _check_logits_row(logits, self.n_vocab)
-        _check_probs_out(out, self.n_vocab, "out")
-        st = _warp(_addr(logits), logits.shape[0], self.n_vocab, self._sp_p, _addr(out), self._work_p)
+        _check_logits_row(logits, self._n_vocab)
+        _check_probs_out(out, logits, self._n_vocab, "out")
+        st = _warp(_addr(logits), logits.shape[0], self._n_vocab, self._sp_p, _addr(out), self._work_p)
         if st != _CG_OK:
             _raise(st, "cg_warp")
 
@@ -419,9 +435,9 @@ class NativeSampler:
         Raises:
             ValueError: bad dtype/shape. NonFiniteLogitsError: NaN/+inf, or all -inf.
         """
-        _check_logits_row(logits, self.n_vocab)
+        _check_logits_row(logits, self._n_vocab)
         st = _warp_sample(
-            _addr(logits), logits.shape[0], self.n_vocab, self._sp_p, self._rng_p,
+            _addr(logits), logits.shape[0], self._n_vocab, self._sp_p, self._rng_p,
             self._probs_p, self._work_p, self._tok_p,
         )
         if st != _CG_OK:
@@ -440,10 +456,10 @@ class NativeSampler:
         Raises:
             ValueError: bad dtype/shape. NonFiniteLogitsError: NaN/+inf, or all -inf.
         """
-        _check_logits_row(logits, self.n_vocab)
-        _check_probs_out(probs_out, self.n_vocab, "probs_out")
+        _check_logits_row(logits, self._n_vocab)
+        _check_probs_out(probs_out, logits, self._n_vocab, "probs_out")
         st = _warp_sample(
-            _addr(logits), logits.shape[0], self.n_vocab, self._sp_p, self._rng_p,
+            _addr(logits), logits.shape[0], self._n_vocab, self._sp_p, self._rng_p,
             _addr(probs_out), self._work_p, self._tok_p,
         )
         if st != _CG_OK:
@@ -474,7 +490,7 @@ class NativeSampler:
             outside [0, V). NonFiniteLogitsError: a NaN/+inf or all -inf verifier row that was
             needed. BadDistributionError: a draft_probs row with a negative/NaN/inf entry or zero sum.
         """
-        n_vocab = self.n_vocab
+        n_vocab = self._n_vocab
         if (
             type(draft_tokens) is not np.ndarray
             or draft_tokens.dtype != _I32

@@ -16,11 +16,13 @@
  * Speculative Sampling", ICLR 2026, arXiv:2604.04987 (Cactus); Leviathan et al. 2023 and Chen et al.
  * 2023 (SpS); Cai et al. 2024 and vLLM (typical acceptance).
  *
- * Floating point: probabilities are stored as float32, every sum, ratio and the Cactus target is
- * computed in double. Sums over a row are sequential in token-id order and skip zero terms (adding
- * +0.0 is exact, so they equal the plain sequential sum a reference computes with cumsum). Built
- * with -std=c11, GCC does not contract a*b-c into an FMA, so results match a NumPy reference
- * operation for operation.
+ * Floating point: probabilities are stored as float32; sums, ratios and the Cactus target are
+ * computed in double. Every sum that decides a draw (sampling, residual, acceptance) is sequential
+ * in token-id order and skips zero terms (adding +0.0 is exact, so it equals the plain sequential
+ * sum a reference computes with cumsum); only softmax normalisers use four lanes. Built with
+ * -std=c11, GCC does not contract a*b-c into an FMA, so, given the same q, the decisions match a
+ * NumPy reference operation for operation. The V-long loops are written branch-free, in integer
+ * key space where float NaN semantics would block vectorisation.
  */
 #include "cactus_native.h"
 
@@ -496,6 +498,19 @@ static int32_t first_argmax(const float *l, int32_t n, const float *bmax, float 
     return i;
 }
 
+/* (float)x for a finite x, clamped to [-FLT_MAX, FLT_MAX]: converting a double beyond the float
+ * range is undefined behaviour in C. */
+static float float_clamped(double x)
+{
+    if (x < -FLT_MAX) {
+        return -FLT_MAX;
+    }
+    if (x > FLT_MAX) {
+        return FLT_MAX;
+    }
+    return (float)x;
+}
+
 /* Ids i with l[i] >= thr and l[i] > -inf, ascending, into idx; returns their count. Reads only the
  * blocks whose maximum reaches thr. */
 static int32_t collect_at_least(const float *l, int32_t n, const float *bmax, float thr, int32_t *idx)
@@ -547,8 +562,8 @@ static int32_t topk_candidates(const float *l, int32_t n, int32_t top_k, const c
 static int32_t topp_candidates(const float *l, int32_t n, float l_max, double z, int32_t n_finite,
                                float top_p, const cg_ws *ws)
 {
-    const double c = (1.0 - (double)top_p) * z / (double)n_finite;
-    const float thr = (float)((double)l_max + log(c) - 1e-3);
+    const double c = (1.0 - (double)top_p) * z / (double)n_finite; /* < 1: z <= n_finite */
+    const float thr = float_clamped((double)l_max + log(c) - 1e-3);
     return collect_at_least(l, n, ws->bmax, thr, ws->idx);
 }
 
@@ -606,7 +621,7 @@ static cg_status warp_row(const float *logits, int32_t n_logits, int32_t n_vocab
     const double inv_t = 1.0 / (double)sp->temperature;
     /* float 1/T for the dense loops, kept >= FLT_MIN: T = +inf would give 0 and (-inf) * 0 = NaN;
      * FLT_MIN still maps every finite logit to exp(~0) = 1 (the uniform limit) */
-    const float inv_t_f = (float)inv_t > FLT_MIN ? (float)inv_t : FLT_MIN;
+    const float inv_t_f = float_clamped(inv_t) > FLT_MIN ? float_clamped(inv_t) : FLT_MIN;
     const int use_min_p = sp->min_p > 0.0f;
     const double log_min_p = use_min_p ? log((double)sp->min_p) : 0.0; /* <= 0: the argmax passes */
     uint64_t *list = ws->pairs;
@@ -633,8 +648,8 @@ static cg_status warp_row(const float *logits, int32_t n_logits, int32_t n_vocab
         }
     } else if (sp->top_p < 1.0f) {
         /* top-p over every finite logit: weights w_i = exp(l_i - l_max) (probs as scratch), then the
-         * shortest prefix of the descending order with sum w >= top_p * Z, by radix selection
-         * (the same prefix as sorting, in O(V)) */
+         * shortest prefix of the descending order with sum w >= top_p * Z, by radix selection over
+         * the candidates (the same prefix as sorting, in O(V)) */
         const double z1 = dense_exp(logits, n_logits, l_max, 1.0f, SKEY_NEG_INF + 1, probs);
         const int32_t n_cand = topp_candidates(logits, n_logits, l_max, z1, n_finite, sp->top_p, ws);
         n_list = select_prefix(logits, probs, n_cand, 1, (double)sp->top_p * z1, ws);
@@ -672,7 +687,7 @@ static cg_status warp_row(const float *logits, int32_t n_logits, int32_t n_vocab
     if (use_min_p) {
         /* the smallest float x with (double)x - l_max >= log(min_p), as a key threshold, so the
          * V-long loop compares integers; (double)x - l_max is monotone in x, so this is exact */
-        float thr = (float)(md + log_min_p);
+        float thr = float_clamped(md + log_min_p);
         while ((double)thr - md < log_min_p) {
             thr = nextafterf(thr, INFINITY);
         }
@@ -974,7 +989,8 @@ static int32_t residual_rescaled(const float *q, const float *p, int32_t n, doub
  * order (q desc, id asc): i in T  <=>  q[i] > cut_v, or q[i] = cut_v and i <= cut_id. */
 static inline int in_top(const float *q, int32_t i, float cut_v, int32_t cut_id)
 {
-    return q[i] > cut_v || (q[i] == cut_v && i <= cut_id);
+    /* q[i] > 0: a token the warped verifier excludes is never in T (T shrinks to q's support) */
+    return q[i] > 0.0f && (q[i] > cut_v || (q[i] == cut_v && i <= cut_id));
 }
 
 /* Residual draw for topk acceptance: r = max(0, 1[T] - p), with uniform v. */
@@ -1094,31 +1110,28 @@ static void evaluate_position(const float *q, const float *p, int32_t n, int32_t
         break;
     }
     case CG_METHOD_TOPK: {
-        /* T = the top K = min(accept_top_k, V) tokens of q (ties -> lower id; T includes q = 0 tokens
-         * when q has fewer than K positive entries). Accept iff n in T; h = uniform on T, so
-         * KL(h || q) = sum_{i in T} (1/K) log((1/K) / q_i), +inf if some q_i = 0 in T. */
+        /* T = the top K = min(accept_top_k, V, |supp q|) tokens of q (ties -> lower id): tokens the
+         * warped verifier gives probability 0 are never in T. Accept iff n in T; h = uniform on T,
+         * so KL(h || q) = sum_{i in T} (1/K) log((1/K) / q_i), finite. */
         const int32_t kk = ap->accept_top_k < n_vocab ? ap->accept_top_k : n_vocab;
         const int32_t m = select_prefix(q, NULL, n_vocab, 0, (double)kk, ws); /* = kk */
+        int32_t m_pos = 0; /* |T|: the selected tokens with q > 0 (>= 1, q sums to 1) */
+        for (int32_t j = 0; j < m; ++j) {
+            m_pos += q[pair_id(ws->pairs[j])] > 0.0f;
+        }
         /* KL = -(1/K) sum_{i in T} log(K q_i): summing log(K q_i) (near 0 when q is flat on T)
          * avoids the cancellation of -log K - mean(log q_i) */
         double sum_log_kq = 0.0;
-        int any_zero = 0;
         for (int32_t j = 0; j < m; ++j) {
             const float qi = q[pair_id(ws->pairs[j])];
             if (qi > 0.0f) {
-                sum_log_kq += log((double)m * (double)qi);
-            } else {
-                any_zero = 1;
+                sum_log_kq += log((double)m_pos * (double)qi);
             }
         }
-        const int32_t cut_id = pair_id(last_pair(ws->pairs, m)); /* T's last element; m = kk >= 1 */
+        const int32_t cut_id = pair_id(last_pair(ws->pairs, m)); /* last of the top m; m = kk >= 1 */
         const float cut_v = q[cut_id];
-        if (any_zero) {
-            o->kl = INFINITY; /* h puts mass 1/K where q has none: KL(h || q) is infinite */
-        } else {
-            const double kl = -sum_log_kq / (double)m;
-            o->kl = kl > 0.0 ? kl : 0.0; /* KL >= 0; rounding can leave -1e-17 when q is flat on T */
-        }
+        const double kl = m_pos > 0 ? -sum_log_kq / (double)m_pos : 0.0;
+        o->kl = kl > 0.0 ? kl : 0.0; /* KL >= 0; rounding can leave -1e-17 when q is flat on T */
         o->accepted = in_top(q, n, cut_v, cut_id);
         if (!o->accepted) {
             o->token = residual_topk(q, p, n, cut_v, cut_id, n_vocab, cg_rng_uniform(rng));

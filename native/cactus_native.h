@@ -87,36 +87,54 @@ typedef struct {
     double kl_max;        /* max over evaluated positions of KL(h || q), nats (0 if none) */
 } cg_step_result;
 
-/* Seed the generator. Same seed, same sequence. */
+/* Seed the generator. Same seed, same sequence. (NULL rng: no-op.) */
 void cg_rng_seed(cg_rng *rng, uint64_t seed);
 
-/* Uniform double in [0, 1) from 53 random bits. */
+/* Uniform double in [0, 1) from 53 random bits: (next >> 11) * 2^-53. (NULL rng: NaN.) */
 double cg_rng_uniform(cg_rng *rng);
 
-/* Scratch floats the caller must provide to the functions below (per call, reused): */
+/* Scratch floats the caller must provide to the functions below (per call, reused):
+ * about 4 V + 6200 floats (2.4 MB at V = 151,936); 0 when n_vocab < 1.
+ * The workspace is untyped scratch carved into int32 / uint64 / double regions: allocate it with
+ * malloc or numpy (4-byte alignment suffices), never pass a declared float array, and never share
+ * one workspace between concurrent calls. */
 int64_t cg_workspace_size(int32_t n_vocab);
 
 /* Warp one logits row into probabilities.
- *   logits: float32 [n_logits]  raw logits (read only). n_logits <= n_vocab; entries
+ *   logits: float32 [n_logits]  raw logits (read only). 1 <= n_logits <= n_vocab; entries
  *           [n_logits, n_vocab) of probs are set to 0 (a draft vocabulary that is a prefix).
- *   probs:  float32 [n_vocab]   output, sums to 1, zeros outside the kept set.
+ *           -inf logits are allowed (probability 0).
+ *   probs:  float32 [n_vocab]   output, sums to 1, zeros outside the kept set. Must not overlap
+ *           logits (it doubles as scratch).
  *   work:   float32 [cg_workspace_size(n_vocab)]
+ * min-p is evaluated exactly as l_i - l_max >= log(min_p) in double. O(V): top-k selects through
+ * block maxima and a radix partition, top-p without top-k through a radix partition (no full sort).
+ * Accuracy against the exact softmax of the float32 inputs: explicit kept lists (top-k, top-p) use
+ * double exp (~1 ulp); V-long loops use a float polynomial exp (1.7 ulp) of a float argument:
+ * absolute error < 2e-7 of the largest probability, relative < 1e-6 above 1e-6 of it, and
+ * tokens below exp(-87.3) of the largest (where floats turn subnormal) get exactly 0.
  * Errors: CG_ERR_NONFINITE_LOGITS, CG_ERR_BAD_ARGUMENT. */
 cg_status cg_warp(const float *logits, int32_t n_logits, int32_t n_vocab,
                   const cg_sampler_params *sp, float *probs, float *work);
 
 /* Draw a token from a probability row (need not be normalised; must have a positive sum).
- *   probs: float32 [n_vocab];  token: out. */
+ *   probs: float32 [n_vocab];  token: out.
+ * Exactly one uniform u per call; the token is the first i whose running sum exceeds u * sum
+ * (never a zero-probability token). Errors: CG_ERR_BAD_DISTRIBUTION (a negative / NaN / inf
+ * entry, or a zero sum), CG_ERR_BAD_ARGUMENT. */
 cg_status cg_sample_probs(const float *probs, int32_t n_vocab, cg_rng *rng, int32_t *token);
 
 /* Warp then sample: the draft's per-token call and the verifier-alone baseline's.
- *   probs: float32 [n_vocab] out (the warped distribution the token was drawn from). */
+ *   probs: float32 [n_vocab] out (the warped distribution the token was drawn from).
+ * Exactly one uniform per call (also when temperature <= 0). */
 cg_status cg_warp_sample(const float *logits, int32_t n_logits, int32_t n_vocab,
                          const cg_sampler_params *sp, cg_rng *rng, float *probs, float *work,
                          int32_t *token);
 
 /* Cactus target mass on the drafted token: gamma(q_n, delta) for the given solver.
- * q_n in [0, 1]; delta >= 0. q_n = 0 -> 0; q_n = 1 -> 1. */
+ * q_n in [0, 1]; delta >= 0. q_n = 0 -> 0; q_n = 1 -> 1; delta = 0 -> q_n exactly (both solvers).
+ * The exact solver is a safeguarded Newton iteration, converged to ~1 ulp (<= 200 steps).
+ * Returns NaN for q_n NaN, delta < 0 or NaN, or an unknown solver. */
 double cg_cactus_gamma(double q_n, double delta, int32_t solver);
 
 /* One verification step.
@@ -128,7 +146,25 @@ double cg_cactus_gamma(double q_n, double delta, int32_t solver);
  *   k:               draft length, >= 0 (k = 0 just samples the bonus from row 0)
  *   work:            float32 [cg_workspace_size(n_vocab)]
  *   out:             result (see cg_step_result)
- * Uses the rng in a fixed order, so the same seed and inputs give the same result. */
+ * Uses the rng in a fixed order, so the same seed and inputs give the same result:
+ *   - one uniform u per evaluated position, drawn after that position's warp: the acceptance draw
+ *     (sps, cactus, topk), the draw of x ~ q (greedy), or drawn and unused (typical);
+ *   - on the first rejection, one more uniform for the residual draw (sps, cactus, topk only:
+ *     typical emits argmax q, greedy emits x);
+ *   - when all k are accepted, one uniform for the bonus draw.
+ * The test u < min(1, h[n] / p[n]) is evaluated as u * p[n] < h[n] (the same for p[n] > 0; for
+ * p[n] = 0 it accepts iff h[n] > 0). If the residual max(0, h - p) is all zero (h <= p, only
+ * possible through rounding or unnormalised p), the residual token is drawn from h instead.
+ * KL(h || q) per evaluated position, nats: sps, greedy 0; cactus the binary KL of gamma vs q[n]
+ * (exactly KL(h || q) for that h); typical -log q[x] for the emitted x (h one-hot on x); topk
+ * sum_{i in T} (1/K) log((1/K) / q_i) with h uniform on T (always finite).
+ * topk's T is the top K = min(accept_top_k, V, |supp q|) tokens of q, ties to the lower id: a token
+ * the warped verifier gives probability 0 is never in T, so it is never accepted.
+ * Validation is up front: every id in draft_tokens and every draft_probs row (k x V reads;
+ * CG_ERR_BAD_DISTRIBUTION for a negative / NaN / inf entry or an all-zero row). Verifier rows are
+ * warped only as reached: row i only when positions 0 .. i-1 were accepted (so a non-finite row
+ * past the first rejection is not reported).
+ * On an error, out is all zeros and the rng may have advanced. */
 cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
                     const float *verifier_logits, int32_t k, int32_t n_vocab,
                     const cg_sampler_params *sp, const cg_accept_params *ap, cg_rng *rng,

@@ -163,9 +163,10 @@ def gamma(q: float, delta: float, solver: str) -> float:
 
 
 def top_set(q: np.ndarray, kk: int) -> np.ndarray:
-    """Ids of the top kk entries of q, ties -> lower id."""
+    """Ids of the top kk entries of q with q > 0, ties -> lower id."""
     kk = min(kk, q.shape[0])
-    return np.lexsort((np.arange(q.shape[0]), -q))[:kk]
+    top = np.lexsort((np.arange(q.shape[0]), -q))[:kk]
+    return top[q[top] > 0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,7 +237,7 @@ def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_lo
         elif method == "topk":
             top = top_set(q, accept_top_k)
             kk = top.size
-            kl = math.inf if (q[top] == 0).any() else max(0.0, float(-np.log(kk * q[top]).sum() / kk))
+            kl = max(0.0, float(-np.log(kk * q[top]).sum() / kk))
             ind = np.zeros(V)
             ind[top] = 1.0
             accepted = bool(ind[n])

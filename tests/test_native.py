@@ -39,7 +39,8 @@ METHODS = ["sps", "cactus", "typical", "topk", "greedy"]
 
 
 def sampler(V, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, **accept):
-    return NativeSampler(V, SamplingParams(temperature, top_k, top_p, min_p), AcceptanceParams(**accept), seed)
+    sampling = SamplingParams(temperature, top_k, top_p, min_p)
+    return NativeSampler(V, sampling, AcceptanceParams(**accept), seed)
 
 
 def sp_dict(sp: SamplingParams) -> dict:
@@ -166,7 +167,9 @@ def test_min_p_boundary_is_exact_to_the_ulp(top_k):
         edge = np.float32(float(l_max) + math.log(ref.f32(min_p)))
         near = [edge]
         for _ in range(4):
-            near = [np.nextafter(near[0], np.float32(-np.inf))] + near + [np.nextafter(near[-1], np.float32(np.inf))]
+            below = np.nextafter(near[0], np.float32(-np.inf))
+            above = np.nextafter(near[-1], np.float32(np.inf))
+            near = [below, *near, above]
         l = np.array([l_max, *near, -5.0], dtype=np.float32)
         got = sampler(l.size, top_k=top_k, min_p=min_p).warp(l)
         want = ref.warp(l, l.size, 1.0, top_k, 1.0, min_p)
@@ -288,6 +291,10 @@ def random_step(rng, s: NativeSampler, k: int, deterministic: bool):
     return (None if deterministic else probs), tokens, verifier_logits
 
 
+def outcome(r) -> tuple[int, int, int]:
+    return r.n_accepted, r.next_token, r.n_evaluated
+
+
 def check_against_reference(s: NativeSampler, rng, k, deterministic, acc: AcceptanceParams):
     dp, toks, vl = random_step(rng, s, k, deterministic)
     stream = s.peek_uniforms(2 * k + 2)
@@ -296,7 +303,7 @@ def check_against_reference(s: NativeSampler, rng, k, deterministic, acc: Accept
         dp, toks, vl, sp_dict(s.sampling), acc.method, acc.delta, acc.solver,
         acc.typical_epsilon, acc.typical_alpha, acc.accept_top_k, uniforms=iter(stream),
     )
-    assert (got.n_accepted, got.next_token, got.n_evaluated) == (want.n_accepted, want.next_token, want.n_evaluated)
+    assert outcome(got) == outcome(want)
     # KL is a function of the float32 q, which the C and the reference round independently
     assert got.kl_sum == pytest.approx(want.kl_sum, rel=1e-5, abs=1e-6)
     assert got.kl_max == pytest.approx(want.kl_max, rel=1e-5, abs=1e-6)
@@ -307,9 +314,11 @@ def check_against_reference(s: NativeSampler, rng, k, deterministic, acc: Accept
 
 @pytest.mark.parametrize(
     "acc",
-    [AcceptanceParams("sps"), AcceptanceParams("cactus", 0.5, "taylor"), AcceptanceParams("cactus", 2.0, "exact"),
-     AcceptanceParams("cactus", 0.05, "exact"), AcceptanceParams("typical"), AcceptanceParams("typical", typical_epsilon=0.3, typical_alpha=0.9),
-     AcceptanceParams("topk", accept_top_k=3), AcceptanceParams("topk", accept_top_k=40), AcceptanceParams("greedy")],
+    [AcceptanceParams("sps"), AcceptanceParams("cactus", 0.5, "taylor"),
+     AcceptanceParams("cactus", 2.0, "exact"), AcceptanceParams("cactus", 0.05, "exact"),
+     AcceptanceParams("typical"), AcceptanceParams("typical", typical_epsilon=0.3, typical_alpha=0.9),
+     AcceptanceParams("topk", accept_top_k=3), AcceptanceParams("topk", accept_top_k=40),
+     AcceptanceParams("greedy")],
     ids=lambda a: f"{a.method}-{a.solver}-{a.delta}-{a.accept_top_k}-{a.typical_epsilon}",
 )
 def test_verify_matches_reference_token_for_token(acc):
@@ -329,23 +338,25 @@ def test_verify_matches_reference_token_for_token(acc):
 def test_verify_matches_reference_at_qwen_vocab_size():
     V, k = 151936, 4
     rng = np.random.default_rng(5)
-    for method, sp in itertools.product(["sps", "cactus", "typical", "topk"],
-                                        [SamplingParams(0.6, 20, 0.95, 0.0), SamplingParams(0.6, 0, 1.0, 0.0)]):
+    warps = [SamplingParams(0.6, 20, 0.95, 0.0), SamplingParams(0.6, 0, 1.0, 0.0)]
+    for method, sp in itertools.product(["sps", "cactus", "typical", "topk"], warps):
         acc = AcceptanceParams(method, 1.0, "exact")
         s = NativeSampler(V, sp, acc, 11)
         vl = llm_like_logits(rng, V, k + 1)
         probs = np.zeros((k, V), np.float32)
-        toks = np.array([s.draft(vl[i] + rng.standard_normal(V).astype(np.float32), probs[i]) for i in range(k)], np.int32)
+        draft_logits = vl[:k] + rng.standard_normal((k, V)).astype(np.float32)
+        toks = np.array([s.draft(draft_logits[i], probs[i]) for i in range(k)], np.int32)
         stream = s.peek_uniforms(2 * k + 2)
         got = s.verify(probs, toks, vl)
         want = ref.verify(probs, toks, vl, sp_dict(sp), method, 1.0, "exact", uniforms=iter(stream))
-        assert (got.n_accepted, got.next_token, got.n_evaluated) == (want.n_accepted, want.next_token, want.n_evaluated)
+        assert outcome(got) == outcome(want)
         assert got.kl_sum == pytest.approx(want.kl_sum, rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize("solver", ["taylor", "exact"])
 def test_cactus_with_zero_delta_is_exactly_sps(solver):
     rng = np.random.default_rng(3)
+    n_rejections = 0
     for case in range(300):
         V = int(rng.choice([3, 10, 50]))
         sp = SamplingParams(float(rng.choice([0.7, 1.0])), int(rng.choice([0, 5])), 1.0, 0.0)
@@ -357,6 +368,8 @@ def test_cactus_with_zero_delta_is_exactly_sps(solver):
         dp, toks, vl = random_step(rng, drafter, k, deterministic=bool(rng.random() < 0.3))
         a, b = s_sps.verify(dp, toks, vl), s_cac.verify(dp, toks, vl)
         assert a == b and b.kl_sum == 0.0
+        n_rejections += a.n_accepted < k
+    assert 30 < n_rejections < 290  # both outcomes were exercised
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -387,7 +400,8 @@ P_DRAFT = np.array([0.09, 0.05, 0.07, 0.06, 0.13, 0.07, 0.51, 0.02])
 Q_VERIFIER = np.array([0.12, 0.08, 0.07, 0.14, 0.18, 0.24, 0.07, 0.10])
 
 
-def emitted_histogram(acc: AcceptanceParams, deterministic_token: int | None = None, n: int = N_MC, seed: int = 1):
+def emitted_histogram(acc: AcceptanceParams, deterministic_token: int | None = None, n: int = N_MC,
+                      seed: int = 1):
     """Histogram of the first emitted token over n independent steps with k = 1."""
     V = P_DRAFT.size
     s = NativeSampler(V, SamplingParams(1.0, 0, 1.0, 0.0), acc, seed)
@@ -396,7 +410,8 @@ def emitted_histogram(acc: AcceptanceParams, deterministic_token: int | None = N
     p32 = s.warp(np.log(P_DRAFT).astype(np.float32))
     dp = p32.reshape(1, V)
     if deterministic_token is None:
-        draws = np.random.default_rng(seed).choice(V, size=n, p=p32.astype(np.float64) / p32.sum(dtype=np.float64))
+        p64 = p32.astype(np.float64)
+        draws = np.random.default_rng(seed).choice(V, size=n, p=p64 / p64.sum())
     else:
         draws = np.full(n, deterministic_token)
     tokens = [np.array([t], dtype=np.int32) for t in range(V)]
@@ -419,7 +434,8 @@ def chi_square_pvalue(counts, law):
 @pytest.mark.parametrize(
     "acc",
     [AcceptanceParams("sps"), AcceptanceParams("greedy"), AcceptanceParams("cactus", 0.3, "taylor"),
-     AcceptanceParams("cactus", 0.3, "exact"), AcceptanceParams("typical", typical_epsilon=0.09, typical_alpha=0.9),
+     AcceptanceParams("cactus", 0.3, "exact"),
+     AcceptanceParams("typical", typical_epsilon=0.09, typical_alpha=0.9),
      AcceptanceParams("topk", accept_top_k=3)],
     ids=lambda a: f"{a.method}-{a.solver}",
 )
@@ -471,7 +487,8 @@ def test_cactus_residual_hand_computed():
 def test_monte_carlo_deterministic_drafter_emits_h():
     # With p one-hot at n, the residual is q off n renormalised, so the emitted token follows h exactly
     n, delta = 2, 0.5
-    counts, _, q = emitted_histogram(AcceptanceParams("cactus", delta, "exact"), deterministic_token=n, n=100_000)
+    acc = AcceptanceParams("cactus", delta, "exact")
+    counts, _, q = emitted_histogram(acc, deterministic_token=n, n=100_000)
     g = cactus_gamma(q[n], delta, "exact")
     h = q * (1 - g) / (1 - q[n])
     h[n] = g
@@ -585,7 +602,7 @@ def test_all_zero_residual_falls_back_to_h(method):
     assert stats.chisquare(counts, q * counts.sum()).pvalue > ALPHA
 
 
-def test_topk_all_zero_residual_and_infinite_kl():
+def test_topk_all_zero_residual_and_top_set_within_the_support():
     V = 6
     vl = np.log(np.array([[0.5, 0.3, 0.2, 1e-30, 1e-30, 1e-30]] * 2)).astype(np.float32)
     s = sampler(V, top_k=3, seed=0, method="topk", accept_top_k=2)
@@ -594,10 +611,14 @@ def test_topk_all_zero_residual_and_infinite_kl():
         r = s.verify(dp, np.array([2], np.int32), vl)  # 2 is outside the top 2 -> rejected
         assert r.n_accepted == 0 and r.next_token in (0, 1)
         assert r.kl_sum == pytest.approx(0.5 * math.log(0.5 / 0.5) + 0.5 * math.log(0.5 / 0.3))
-    # accept_top_k larger than q's support: the top set holds q = 0 tokens, KL(h||q) = +inf
+    # accept_top_k larger than q's support: the top set is the support (3 tokens), never a token
+    # with q = 0, and KL(h||q) is that of the uniform law on the support
     s = sampler(V, top_k=3, seed=0, method="topk", accept_top_k=4)
     r = s.verify(None, np.array([0], np.int32), vl)
-    assert r.n_accepted == 1 and r.kl_sum == math.inf and r.kl_max == math.inf
+    kl3 = sum(math.log((1 / 3) / qi) / 3 for qi in (0.5, 0.3, 0.2))
+    assert r.n_accepted == 1 and r.kl_sum == pytest.approx(kl3) and r.kl_max == pytest.approx(kl3)
+    r = s.verify(None, np.array([3], np.int32), vl)  # q = 0 token: rejected even though in the top 4
+    assert r.n_accepted == 0 and r.next_token in (0, 1, 2)
 
 
 def test_k_zero_samples_the_bonus_from_row_zero():
@@ -666,12 +687,18 @@ def test_boundary_validation_raises_value_error():
         s.draft(np.zeros(V, np.float32), np.zeros(V, np.float64))
     with pytest.raises(ValueError):
         s.warp_into(np.zeros(V, np.float32), np.zeros(V, np.float32)[::-1])
+    row = np.zeros(V, np.float32)
+    with pytest.raises(ValueError, match="overlap"):
+        s.warp_into(row, row)  # the warp uses its output as scratch
+    with pytest.raises(AttributeError):
+        s.sampling = SamplingParams(temperature=0.0)  # fixed for the sampler's life
 
 
 @pytest.mark.parametrize(
     "kwargs,name",
     [(dict(temperature=math.nan), "temperature"), (dict(top_k=-1), "top_k"), (dict(top_k=2.5), "top_k"),
-     (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(min_p=-0.1), "min_p"), (dict(min_p=1.1), "min_p")],
+     (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(min_p=-0.1), "min_p"),
+     (dict(min_p=1.1), "min_p")],
 )
 def test_sampling_params_validation(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -718,7 +745,8 @@ def test_c_layer_validates_parameters_on_its_own():
         assert warp_status(*sp) == 1, sp
     assert native._warp(logits.ctypes.data, V + 1, V, addr(native._SamplerParamsC(1, 0, 1, 0)),
                         probs.ctypes.data, work.ctypes.data) == 1  # n_logits > V
-    assert native._warp(None, V, V, addr(native._SamplerParamsC(1, 0, 1, 0)), probs.ctypes.data, work.ctypes.data) == 1
+    assert native._warp(None, V, V, addr(native._SamplerParamsC(1, 0, 1, 0)), probs.ctypes.data,
+                        work.ctypes.data) == 1
 
     sp = native._SamplerParamsC(1.0, 0, 1.0, 0.0)
 
