@@ -12,10 +12,13 @@ the owning wrappers llama-cpp-python builds its ``Llama`` class on; everything o
 """
 from __future__ import annotations
 
+import _thread
 import collections
 import ctypes
 import logging
 import os
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -62,8 +65,7 @@ _llama_log = logging.getLogger("cactus_gguf.llama_cpp")
 _llama_log.addHandler(logging.NullHandler())  # silent unless the application configures logging
 
 
-@llama_cpp.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+def _log_message(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", errors="replace").rstrip()
     if not message:
         return
@@ -73,12 +75,36 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     _llama_log.log(py_level, "%s", message)
 
 
+_log_callback = llama_cpp.llama_log_callback(_log_message)
+
+
+def _sigint_handler(signum: int, frame) -> None:
+    """Python's default SIGINT behaviour (raise KeyboardInterrupt), except inside the llama.cpp log
+    callback: an exception raised there cannot cross llama.cpp's C frames (ctypes prints "Exception
+    ignored" and drops it, so the Ctrl-C would be lost and the model load or generation would go
+    on). There the interrupt is posted again 10 ms later, from a timer thread (posting it from here
+    would re-enter this handler at once); it fires once control is back in Python code."""
+    f = frame
+    while f is not None:
+        if f.f_code is _log_message.__code__:
+            again = threading.Timer(0.01, _thread.interrupt_main)
+            again.daemon = True
+            again.start()
+            return
+        f = f.f_back
+    raise KeyboardInterrupt
+
+
 _backend_ready = False
 
 
 def _init_backend() -> None:
     global _backend_ready
     if not _backend_ready:
+        # only where nobody chose another SIGINT handler (signal.signal works in the main thread)
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            signal.signal(signal.SIGINT, _sigint_handler)
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _backend_ready = True
@@ -128,6 +154,21 @@ def _default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS / Windows
         return max(1, os.cpu_count() or 1)
+
+
+def _physical_memory() -> int | None:
+    """Bytes of physical memory, or None when the platform does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _kv_cache_bytes(model: llama_cpp.llama_model_p, n_ctx: int) -> int:
+    """Estimated size of an f16 KV cache: n_ctx x layers x (K + V) x head size x KV heads x 2 bytes."""
+    head = llama_cpp.llama_model_n_embd(model) // max(1, llama_cpp.llama_model_n_head(model))
+    return (n_ctx * llama_cpp.llama_model_n_layer(model) * 2 * head
+            * llama_cpp.llama_model_n_head_kv(model) * 2)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -244,6 +285,17 @@ class LlamaModelContext:
                                                 verbose=True)
         except ValueError:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {_last_llama_error()}") from None
+
+        # A KV cache larger than the machine's memory is not an error in llama.cpp: it allocates
+        # (or spends minutes trying) until the OOM killer ends the process. Refuse it up front.
+        n_ctx_eff = context_options.n_ctx or llama_cpp.llama_model_n_ctx_train(self._model.model)
+        kv_bytes, ram = _kv_cache_bytes(self._model.model, n_ctx_eff), _physical_memory()
+        if ram and kv_bytes > ram:
+            self.close()
+            raise ModelLoadError(
+                f"n_ctx={n_ctx_eff} needs about {kv_bytes / 2**30:.1f} GiB of KV cache for "
+                f"{self.path.name}, more than this machine's {ram / 2**30:.1f} GiB of memory: "
+                "lower -c/--ctx-size")
 
         cparams = llama_cpp.llama_context_default_params()
         n_threads = context_options.n_threads or _default_threads()

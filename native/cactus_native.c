@@ -819,18 +819,22 @@ cg_status cg_warp_sample(const float *logits, int32_t n_logits, int32_t n_vocab,
  * delta = 0 returns q_n exactly (both solvers), which makes Cactus bit-for-bit SpS.
  * ============================================================================================= */
 
-/* D(g || q) with 0 log 0 = 0; +inf when g puts mass where q has none. */
+/* D(g || q) with 0 log 0 = 0; +inf when g puts mass where q has none.
+ * Written with log1p of the relative changes (g - q) / q and (q - g) / (1 - q): for g near q the
+ * two terms are each ~ (g - q) and cancel to ~ (g - q)^2 / (2 q (1 - q)); plain log(g / q) carries an
+ * absolute error of ~1e-17 there, which made the result negative and the exact solver overshoot
+ * budgets below ~1e-16. The max(0, .) guard covers the last-ulp rounding that can remain. */
 static double binary_kl(double g, double q)
 {
     double a = 0.0;
     double b = 0.0;
     if (g > 0.0) {
-        a = g * log(g / q); /* q = 0 < g: +inf */
+        a = g * log1p((g - q) / q); /* q = 0 < g: +inf */
     }
     if (g < 1.0) {
-        b = (1.0 - g) * log((1.0 - g) / (1.0 - q)); /* q = 1 > g: +inf */
+        b = (1.0 - g) * log1p((q - g) / (1.0 - q)); /* q = 1 > g: +inf */
     }
-    return a + b;
+    return a + b > 0.0 ? a + b : 0.0; /* KL >= 0 */
 }
 
 static double gamma_taylor(double q, double delta)

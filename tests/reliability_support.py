@@ -1,0 +1,270 @@
+"""Shared helpers of the reliability tests (tests/test_reliability_*.py).
+
+- ``write_llama``: tiny llama-family GGUFs with the knobs the fault tests need (architecture name,
+  add-BOS flag, EOS id, padding, rows of the output layer zeroed, or a scripted *bigram* model whose
+  next token is fixed by the current one, so a test can make llama.cpp emit chosen tokens).
+- ``KvShadow``: records the token ids each context's KV cache holds, from the decode / truncate /
+  clear calls, so tests can check "each context holds exactly the committed prefix" after every step.
+- ``run_cli`` / ``assert_one_line_error``: the real ``python -m cactus_gguf`` in a subprocess.
+
+Vocabulary (from tests/tiny_gguf.py): V = 281 = <unk>, <s>, </s>, 256 byte tokens <0x00>..<0xFF>
+(byte b is token id 3 + b), then 22 words; n_pad unused ids may follow.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+import gguf
+from tiny_gguf import N_CTX_TRAIN, N_EMBD, N_FF, N_HEAD, N_LAYER, WORDS, vocab
+
+BOS, EOS = 1, 2
+
+
+def byte_token(b: int) -> int:
+    """The token id of byte ``b`` in the tiny vocabulary."""
+    return 3 + b
+
+
+def text_tokens(text: str) -> list[int]:
+    """Byte-token ids spelling ``text`` in UTF-8 (one token per byte)."""
+    return [byte_token(b) for b in text.encode("utf-8")]
+
+
+def write_llama(path: str | Path, *, seed: int = 11, arch: str = "llama", add_bos: bool = True,
+                bos_id: int = BOS, eos_id: int = EOS, eot_id: int | None = None, logit_scale: float = 2.0, n_pad: int = 0, noise: float = 0.0,
+                noise_seed: int = 0, zero_output_rows: Sequence[int] = (),
+                bigram: dict[int, int] | None = None, words: list[str] = WORDS) -> Path:
+    """Write a 2-layer llama GGUF with float32 weights; return its path.
+
+    ``zero_output_rows``: token ids whose output-layer row is 0 (logit exactly 0 while the other
+    logits spread over about +-14: such a token is practically never sampled, e.g. EOS for a long run).
+    ``bigram``: {current token: next token}. The attention and FFN outputs are zeroed, so the final
+    hidden state is the normalised embedding of the current token, and the output layer maps it to a
+    logit about 32 above every other one for the scripted next token (a deterministic chain at any
+    temperature <= 1); tokens without an entry get random next-token logits.
+    """
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    noise_rng = np.random.default_rng(noise_seed)
+    tokens, scores, types = vocab(n_pad, words)
+    V = len(tokens)
+    w = gguf.GGUFWriter(str(path), arch)
+    pre = arch  # metadata keys are prefixed with the architecture name
+    w.add_uint32(f"{pre}.context_length", N_CTX_TRAIN)
+    w.add_uint32(f"{pre}.embedding_length", N_EMBD)
+    w.add_uint32(f"{pre}.block_count", N_LAYER)
+    w.add_uint32(f"{pre}.feed_forward_length", N_FF)
+    w.add_uint32(f"{pre}.attention.head_count", N_HEAD)
+    w.add_uint32(f"{pre}.attention.head_count_kv", N_HEAD)
+    w.add_uint32(f"{pre}.rope.dimension_count", N_EMBD // N_HEAD)
+    w.add_float32(f"{pre}.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(bos_id)
+    w.add_eos_token_id(eos_id)
+    if eot_id is not None:
+        w.add_eot_token_id(eot_id)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(add_bos)
+
+    def rand(*shape: int, scale: float = 0.2) -> np.ndarray:
+        base = rng.standard_normal(shape)
+        if noise > 0:
+            base = base + noise * noise_rng.standard_normal(shape)
+        return (base * scale).astype(np.float32)
+
+    emb = rand(V, N_EMBD, scale=1.0)
+    w.add_tensor("token_embd.weight", emb)
+    zero_out = bigram is not None  # a bigram model: layers add nothing to the residual stream
+    for i in range(N_LAYER):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, np.float32))
+        w.add_tensor(f"blk.{i}.attn_q.weight", rand(N_EMBD, N_EMBD))
+        w.add_tensor(f"blk.{i}.attn_k.weight", rand(N_EMBD, N_EMBD))
+        w.add_tensor(f"blk.{i}.attn_v.weight", rand(N_EMBD, N_EMBD))
+        out = rand(N_EMBD, N_EMBD)
+        w.add_tensor(f"blk.{i}.attn_output.weight", out * 0 if zero_out else out)
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", rand(N_FF, N_EMBD))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", rand(N_FF, N_EMBD))
+        down = rand(N_EMBD, N_FF)
+        w.add_tensor(f"blk.{i}.ffn_down.weight", down * 0 if zero_out else down)
+    w.add_tensor("output_norm.weight", np.ones(N_EMBD, np.float32))
+    output = rand(V, N_EMBD, scale=0.3 * logit_scale)
+    if bigram is not None:
+        # logit of b after a = 0.5 * |e_a / rms(e_a)|^2 = 0.5 * N_EMBD = 32 for the scripted b,
+        # against cross terms of standard deviation 0.5 * sqrt(N_EMBD) = 4 for the others
+        unit = emb / np.sqrt((emb.astype(np.float64) ** 2).mean(axis=1, keepdims=True))
+        output = output * 0.05
+        for a, b in bigram.items():
+            output[b] += 0.5 * unit[a].astype(np.float32)
+    for t in zero_output_rows:
+        output[t] = 0.0
+    w.add_tensor("output.weight", output)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def chain(tokens: Sequence[int]) -> dict[int, int]:
+    """The bigram map that makes each token of ``tokens`` follow the previous one (every token but
+    the last must be distinct: a bigram model's next token depends on the current one only)."""
+    assert len(set(tokens[:-1])) == len(tokens) - 1, "a bigram chain cannot repeat a token"
+    return {a: b for a, b in zip(tokens, tokens[1:])}
+
+
+# ------------------------------------------------------------------------------------------------
+# KV-cache shadow
+# ------------------------------------------------------------------------------------------------
+
+class KvShadow:
+    """Mirror of what each LlamaModelContext's KV cache holds, kept from its decode / truncate /
+    clear calls (install with ``KvShadow.install(monkeypatch)``). ``held(ctx)`` is the list of token
+    ids at positions 0 .. n_past-1; ``decodes`` logs (ctx, tokens, n_logits) of every decode call."""
+
+    def __init__(self) -> None:
+        self.cache: dict[int, list[int]] = {}
+        self.decodes: list[tuple[object, list[int], int]] = []
+
+    @classmethod
+    def install(cls, monkeypatch) -> "KvShadow":
+        from cactus_gguf.backend import LlamaModelContext
+
+        shadow = cls()
+        decode, truncate, clear = (LlamaModelContext.decode, LlamaModelContext.truncate,
+                                   LlamaModelContext.clear)
+
+        def traced_decode(self, tokens, n_logits=1):
+            shadow.before_decode(self, [int(t) for t in tokens], n_logits)
+            out = decode(self, tokens, n_logits)
+            shadow.cache.setdefault(id(self), []).extend(int(t) for t in tokens)
+            shadow.decodes.append((self, [int(t) for t in tokens], n_logits))
+            shadow.check_kv(self)
+            return out
+
+        def traced_truncate(self, n_keep):
+            truncate(self, n_keep)
+            del shadow.cache.setdefault(id(self), [])[n_keep:]
+            shadow.check_kv(self)
+
+        def traced_clear(self):
+            clear(self)
+            shadow.cache[id(self)] = []
+            shadow.check_kv(self)
+
+        monkeypatch.setattr(LlamaModelContext, "decode", traced_decode)
+        monkeypatch.setattr(LlamaModelContext, "truncate", traced_truncate)
+        monkeypatch.setattr(LlamaModelContext, "clear", traced_clear)
+        return shadow
+
+    def held(self, ctx) -> list[int]:
+        return self.cache.get(id(ctx), [])
+
+    def before_decode(self, ctx, tokens: list[int], n_logits: int) -> None:
+        """Hook for tests (called before each decode)."""
+
+    @staticmethod
+    def check_kv(ctx) -> None:
+        """llama.cpp's KV cache holds exactly positions 0 .. n_past-1 of sequence 0."""
+        import llama_cpp
+
+        assert ctx.kv_pos_max() == ctx.n_past - 1, (ctx.path.name, ctx.kv_pos_max(), ctx.n_past)
+        pos_min = llama_cpp.llama_memory_seq_pos_min(ctx.memory, 0)
+        assert pos_min == (0 if ctx.n_past else -1), (ctx.path.name, pos_min)
+
+
+# ------------------------------------------------------------------------------------------------
+# The CLI in a subprocess
+# ------------------------------------------------------------------------------------------------
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                      env.get("PYTHONPATH")]))
+    return env
+
+
+def run_cli(*args: str, timeout: float = 120, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cactus_gguf", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=cli_env(),
+                          input=stdin)
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *fragments: str) -> str:
+    """Exit code != 0, stderr exactly one line 'cactus-gguf: error: ...', no traceback; returns it."""
+    assert r.returncode not in (0, None), (r.returncode, r.stdout, r.stderr)
+    assert r.returncode > 0, f"killed by signal {-r.returncode}: {r.stderr}"
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("cactus-gguf: error: "), r.stderr
+    for f in fragments:
+        assert f.lower() in lines[0].lower(), (f, lines[0])
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Decoders on tiny models
+# ------------------------------------------------------------------------------------------------
+
+def ctx(n_ctx: int = 512, n_batch: int = 64):
+    """ContextOptions for tiny models: one thread (the machine is shared; two OpenMP threads spin)."""
+    from cactus_gguf.backend import ContextOptions
+
+    return ContextOptions(n_ctx=n_ctx, n_batch=n_batch, n_threads=1)
+
+
+def make_decoder(ver, dft=None, *, k: int = 4, method: str = "cactus", delta: float = 1.0,
+                 solver: str = "taylor", temp: float = 0.8, top_k: int = 0, top_p: float = 1.0,
+                 min_p: float = 0.0, drafter: str = "model", context=None, draft_context=None):
+    """A SpeculativeDecoder over tiny models; method "none" = the verifier alone."""
+    from cactus_gguf.decoding import DecoderConfig, SpeculativeDecoder
+    from cactus_gguf.native import AcceptanceParams, SamplingParams
+
+    acc = None if method == "none" else AcceptanceParams(method=method, delta=delta, solver=solver)
+    cfg = DecoderConfig(k=k, acceptance=acc, drafter=drafter,
+                        sampling=SamplingParams(temperature=temp, top_k=top_k, top_p=top_p,
+                                                min_p=min_p),
+                        context=context or ctx(), draft_context=draft_context)
+    use_draft = acc is not None and drafter == "model"
+    return SpeculativeDecoder(ver, dft if use_draft else None, cfg)
+
+
+class StepLog:
+    """Records every NativeSampler.verify call of the loop (install with ``StepLog.install``):
+    ``steps`` is a list of (n_drafted, n_accepted, draft_probs copy or None, draft tokens)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, int, object, list[int]]] = []
+
+    @classmethod
+    def install(cls, monkeypatch, *, keep_probs: bool = False) -> "StepLog":
+        from cactus_gguf.native import NativeSampler
+
+        log = cls()
+        verify = NativeSampler.verify
+
+        def traced(self, draft_probs, draft_tokens, verifier_logits):
+            res = verify(self, draft_probs, draft_tokens, verifier_logits)
+            probs = None if draft_probs is None or not keep_probs else np.array(draft_probs)
+            log.steps.append((len(draft_tokens), res.n_accepted, probs,
+                              [int(t) for t in draft_tokens]))
+            return res
+
+        monkeypatch.setattr(NativeSampler, "verify", traced)
+        return log
+
+    def acceptance(self, steps=None) -> float:
+        steps = self.steps if steps is None else steps
+        drafted = sum(s[0] for s in steps)
+        return sum(s[1] for s in steps) / drafted if drafted else float("nan")

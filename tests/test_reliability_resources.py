@@ -1,0 +1,304 @@
+"""Issue #6, kind 8: resources.
+
+500 generations in one process (short and long prompts; EOS, stop-string and length endings;
+speculation on and off) and 20 load/free cycles keep resident memory and used KV cells flat; every
+verification batch asks llama.cpp for logits on exactly its k+1 verified rows; error paths free
+what they loaded. Memory figures are printed (run with -s) and attached to the test report as
+user properties ("RESOURCES ..." lines).
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import time
+
+import numpy as np
+import pytest
+
+import llama_cpp
+from cactus_gguf.backend import ContextOptions, LlamaModelContext, ModelLoadError
+from cactus_gguf.decoding import SpeculativeDecoder, DecoderConfig, VocabMismatchError
+from cactus_gguf.native import NativeSampler, SamplingParams
+
+from reliability_support import ctx, make_decoder, write_llama
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_mb() -> float:
+    """Resident set size of this process, MiB (/proc/self/statm)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE / 2**20
+
+
+def report(record_property, name: str, text: str) -> None:
+    print(f"\nRESOURCES {name}: {text}")
+    record_property(name, text)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("resources")
+    return {"ver": write_llama(d / "ver.gguf", seed=11),
+            "dft": write_llama(d / "dft.gguf", seed=11, noise=0.1, noise_seed=12),
+            "other": write_llama(d / "other.gguf", seed=5, eos_id=0)}
+
+
+class LogitsFlags:
+    """Wraps llama_cpp.llama_decode and checks, call by call, which batch rows request logits:
+    the verifier's verification batches exactly their k+1 rows (the whole batch: pending token and
+    k drafts), prefills none, the draft only its last row."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.roles: dict[int, str] = {}
+        self.pending_verify: list[int] = []  # n_drafted + 1 of verify decodes, in order
+        self.n_checked = {"verify": 0, "prefill": 0, "draft": 0}
+        real = llama_cpp.llama_decode
+
+        def checked(ctx_ptr, batch):
+            n = batch.n_tokens
+            flags = np.ctypeslib.as_array(batch.logits, shape=(n,)).astype(bool)
+            role = self.roles.get(ctypes_addr(ctx_ptr))
+            n_out = int(flags.sum())
+            assert not flags[:n - n_out].any(), "logits requested for a row before the last ones"
+            if role == "verifier":
+                if n_out == 0:
+                    self.n_checked["prefill"] += 1
+                else:
+                    assert n_out == n, f"verify batch of {n} rows asked for {n_out} logits rows"
+                    self.pending_verify.append(n_out)
+                    self.n_checked["verify"] += 1
+            elif role == "draft":
+                assert n_out in (0, 1)
+                self.n_checked["draft"] += 1
+            return real(ctx_ptr, batch)
+
+        monkeypatch.setattr(llama_cpp, "llama_decode", checked)
+
+    def attach(self, dec) -> None:
+        self.roles[ctypes_addr(dec.verifier.ctx_ptr)] = "verifier"
+        if dec.draft is not None:
+            self.roles[ctypes_addr(dec.draft.ctx_ptr)] = "draft"
+
+
+def ctypes_addr(p) -> int:
+    """The address a ctypes pointer (or a plain int) holds."""
+    return p if isinstance(p, int) else ctypes.cast(p, ctypes.c_void_p).value
+
+
+def test_500_generations_keep_memory_and_kv_cells_flat(models, monkeypatch, record_property):
+    flags = LogitsFlags(monkeypatch)
+    verify = NativeSampler.verify
+    n_rows_expected: list[int] = []
+
+    def traced_verify(self, draft_probs, draft_tokens, verifier_logits):
+        n_rows_expected.append(len(draft_tokens) + 1)
+        return verify(self, draft_probs, draft_tokens, verifier_logits)
+
+    monkeypatch.setattr(NativeSampler, "verify", traced_verify)
+    long_prompt = "the cat sat on the mat and the dog sat on the cat " * 12  # ~300 tokens
+    prompts = ["a", "the cat sat on", "hello world def f(a):", long_prompt]
+    setups = [dict(method="cactus", k=4), dict(method="sps", k=2), dict(method="none"),
+              dict(method="cactus", k=3, drafter="ngram")]
+    decoders = [make_decoder(models["ver"], models["dft"], temp=0.9, context=ctx(1024), **s)
+                for s in setups]
+    endings: dict[str, int] = {}
+    kv_after: dict[tuple, list[int]] = {}
+    try:
+        for d in decoders:
+            flags.attach(d)
+        rss: dict[int, float] = {}
+        for i in range(500):
+            if i in (50, 499):
+                gc.collect()
+                rss[i] = rss_mb()
+            dec = decoders[i % 4]
+            prompt = prompts[(i // 4) % 4]
+            n_predict = (8, 40, 120)[(i // 16) % 3]
+            stop = ["e"] if i % 5 == 0 else []
+            n_rows_expected.clear()
+            flags.pending_verify.clear()
+            res = dec.generate(prompt, n_predict=n_predict, stop=stop, seed=i)
+            endings[res.stop_reason] = endings.get(res.stop_reason, 0) + 1
+            # every verification decode asked for exactly the rows the acceptance test read
+            if dec.config.acceptance is not None:
+                assert flags.pending_verify == n_rows_expected
+            # KV cells: the verifier holds committed[:-1], llama.cpp agrees, nothing else
+            v = dec.verifier
+            n_committed = len(dec.tokenize(prompt)) + len(res.tokens)  # an EOS is not committed
+            assert v.n_past == n_committed - 1 and v.kv_pos_max() == v.n_past - 1
+            if dec.draft is not None and dec.config.drafter == "model":
+                assert dec.draft.n_past <= v.n_past and dec.draft.kv_pos_max() == dec.draft.n_past - 1
+            key = (i % 4, prompt, n_predict, bool(stop), i % 2)
+            kv_after.setdefault(key, []).append(v.kv_pos_max() + 1)
+    finally:
+        for d in decoders:
+            d.close()
+    growth = rss[499] - rss[50]
+    report(record_property, "soak_500",
+           f"RSS after 50 generations {rss[50]:.1f} MiB, after 500 {rss[499]:.1f} MiB "
+           f"(growth {growth:+.1f} MiB); endings {endings}; logits-flag checks {flags.n_checked}; "
+           f"verifier KV cells after a generation: max {max(max(x) for x in kv_after.values())} "
+           f"(n_ctx 1024)")
+    assert set(endings) == {"eos", "stop", "length"}, endings
+    assert flags.n_checked["verify"] > 2000 and flags.n_checked["draft"] > 1000
+    assert growth < 8.0, f"resident memory grew by {growth:.1f} MiB over 450 generations"
+
+
+def test_verify_batches_request_logits_only_for_verified_rows(models, monkeypatch):
+    """Direct check on the llama_batch: with k = 6 and a prompt decoded in one prefill, the
+    flags are 0 for every prefill row and 1 for exactly the last n_drafted + 1 rows."""
+    seen: list[tuple[int, np.ndarray]] = []
+    real = llama_cpp.llama_decode
+
+    def spy(ctx_ptr, batch):
+        n = batch.n_tokens
+        seen.append((ctypes_addr(ctx_ptr), np.ctypeslib.as_array(batch.logits, shape=(n,)).copy()))
+        return real(ctx_ptr, batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", spy)
+    with make_decoder(models["ver"], models["dft"], k=6, temp=0.8) as dec:
+        res = dec.generate("the cat sat on the mat", n_predict=60, seed=3)
+        vptr = ctypes_addr(dec.verifier.ctx_ptr)
+    ver_calls = [f for p, f in seen if p == vptr]
+    assert not ver_calls[0].any()                       # prefill: no logits at all
+    for f in ver_calls[1:]:
+        assert f.all() and 1 <= f.size <= 7             # pending + drafts, all verified
+    assert sum(f.size for f in ver_calls[1:]) >= res.stats.n_tokens
+
+
+def load_free_cycles(ver, dft, n: int, context: ContextOptions,
+                     generate: bool = True) -> tuple[list[float], list[float]]:
+    """n cycles of: load both models (contexts, KV caches, vocabulary check), optionally generate
+    a few tokens, free everything. Returns RSS (MiB) after each cycle and seconds per cycle."""
+    cfg = DecoderConfig(k=4, sampling=SamplingParams(temperature=0.0), context=context)
+    rss, secs = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        with SpeculativeDecoder(ver, dft, cfg) as dec:
+            if generate:
+                dec.generate("def add(a, b):", n_predict=2, seed=0)
+        secs.append(time.perf_counter() - t0)
+        gc.collect()
+        rss.append(rss_mb())
+    return rss, secs
+
+
+def test_20_load_free_cycles_of_tiny_models(models, record_property):
+    rss, secs = load_free_cycles(models["ver"], models["dft"], 20, ctx(4096))
+    report(record_property, "cycles_tiny",
+           f"RSS after cycle 2 {rss[1]:.1f} MiB, after cycle 20 {rss[-1]:.1f} MiB "
+           f"(growth {rss[-1] - rss[1]:+.1f} MiB), {np.mean(secs):.3f} s/cycle")
+    assert rss[-1] - rss[1] < 4.0
+
+
+def test_20_load_free_cycles_of_the_real_pair(qwen_pair, record_property):
+    ver, dft = qwen_pair
+    before = rss_mb()
+    # no generation (a first decode pages in the weights: ~1 s per cycle on this shared machine);
+    # contexts, KV caches and compute buffers are allocated at load all the same
+    rss, secs = load_free_cycles(ver, dft, 20, ContextOptions(n_ctx=512, n_threads=1),
+                                 generate=False)
+    report(record_property, "cycles_real_pair",
+           f"RSS before {before:.1f} MiB, after cycle 2 {rss[1]:.1f} MiB, after cycle 20 "
+           f"{rss[-1]:.1f} MiB (growth {rss[-1] - rss[1]:+.1f} MiB), {np.mean(secs):.2f} s/cycle")
+    # the first cycle keeps one-time allocations (CPU backend, thread pool, allocator arenas);
+    # after it, nothing accumulates
+    assert rss[-1] - rss[1] < 16.0
+
+
+# ---- error paths free what they loaded ------------------------------------------------------------
+
+@pytest.fixture
+def opened(monkeypatch) -> list[LlamaModelContext]:
+    out: list[LlamaModelContext] = []
+    init = LlamaModelContext.__init__
+
+    def tracked(self, *a, **kw):
+        out.append(self)
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(LlamaModelContext, "__init__", tracked)
+    return out
+
+
+def freed(m: LlamaModelContext) -> bool:
+    return m._model is None and m._ctx is None and m._batch is None
+
+
+def test_a_draft_that_fails_to_load_frees_the_verifier(models, tmp_path, opened):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(models["ver"].read_bytes()[:5000])
+    with pytest.raises(ModelLoadError, match="truncated or corrupt"):
+        make_decoder(models["ver"], bad)
+    assert len(opened) == 2 and all(freed(m) for m in opened)
+
+
+def test_a_refused_pair_frees_both_models(models, opened):
+    with pytest.raises(VocabMismatchError):
+        make_decoder(models["ver"], models["other"])
+    assert len(opened) == 2 and all(freed(m) for m in opened)
+
+
+def test_a_context_that_cannot_be_created_frees_its_model(models, opened, monkeypatch):
+    from llama_cpp import _internals
+
+    def fail(*a, **kw):
+        raise ValueError("Failed to create context with model")
+
+    monkeypatch.setattr(_internals, "LlamaContext", fail)
+    with pytest.raises(ModelLoadError, match="could not create a context"):
+        make_decoder(models["ver"], models["dft"])
+    assert len(opened) == 1 and freed(opened[0])
+
+
+def test_failing_loads_do_not_leak(models, tmp_path, record_property):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(models["ver"].read_bytes()[:200000])  # header fine, tensor data cut
+    for _ in range(5):
+        with pytest.raises(ModelLoadError):
+            make_decoder(models["ver"], bad)
+    gc.collect()
+    before = rss_mb()
+    for _ in range(40):
+        for draft in (bad, models["other"]):
+            with pytest.raises((ModelLoadError, VocabMismatchError)):
+                make_decoder(models["ver"], draft)
+    gc.collect()
+    after = rss_mb()
+    report(record_property, "failing_loads",
+           f"RSS before 80 failing constructions {before:.1f} MiB, after {after:.1f} MiB")
+    assert after - before < 4.0
+
+
+def test_an_error_or_an_abandoned_stream_leaves_the_decoder_reusable(models, monkeypatch):
+    with make_decoder(models["ver"], models["dft"], k=4, temp=0.9) as fresh:
+        want = fresh.generate("the cat sat on", n_predict=40, seed=5)
+    with make_decoder(models["ver"], models["dft"], k=4, temp=0.9) as dec:
+        # a stream dropped after two pieces, in the middle of the generation
+        for seed in range(20):
+            s = dec.stream("hello world", n_predict=100, seed=seed)
+            got = [p for _, p in zip(range(2), s)]
+            s.close()
+            if len(got) == 2 and dec.last_result is None:
+                break
+        else:
+            pytest.fail("no stream lasted two pieces")
+        assert dec.generate("the cat sat on", n_predict=40, seed=5).tokens == want.tokens
+        # an exception in the middle of a step
+        verify, calls = NativeSampler.verify, []
+
+        def flaky(self, *a):
+            calls.append(1)
+            if len(calls) == 2:  # after one full step: both caches hold a partial generation
+                raise RuntimeError("injected failure")
+            return verify(self, *a)
+
+        monkeypatch.setattr(NativeSampler, "verify", flaky)
+        with pytest.raises(RuntimeError, match="injected"):
+            dec.generate("hello world", n_predict=100, seed=2)
+        assert dec.verifier.n_past > 0
+        monkeypatch.undo()
+        again = dec.generate("the cat sat on", n_predict=40, seed=5)
+    assert again.tokens == want.tokens and again.text == want.text
