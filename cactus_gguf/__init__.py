@@ -1,7 +1,21 @@
-"""cactus-gguf: Cactus speculative decoding (Hao & Mou, ICLR 2026, arXiv:2604.04987) over llama.cpp."""
-from .decoding import (DecoderConfig, GenerationResult, GenerationStats, SpeculativeDecoder,
-                       VocabMismatchError)
-from .native import AcceptanceParams, SamplingParams
+"""cactus-gguf: Cactus speculative decoding (Hao & Mou, ICLR 2026, arXiv:2604.04987) over llama.cpp.
 
-__all__ = ["SpeculativeDecoder", "DecoderConfig", "GenerationResult", "GenerationStats",
-           "VocabMismatchError", "AcceptanceParams", "SamplingParams"]
+The public names are imported on first use (PEP 562), so that ``import cactus_gguf.cli`` stays
+light: the CLI starts fast and a Ctrl-C during start-up is handled by the CLI, not by an import.
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "SpeculativeDecoder": "decoding", "DecoderConfig": "decoding", "GenerationResult": "decoding",
+    "GenerationStats": "decoding", "VocabMismatchError": "decoding",
+    "AcceptanceParams": "native", "SamplingParams": "native",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -90,6 +90,11 @@ def _read_prompt(req: RunRequest) -> str:
         raise ValueError("no prompt: give one with -p TEXT or -f FILE")
     if not text.strip():
         raise ValueError("the prompt is empty: give some text to continue")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # undecodable bytes from the command line arrive as surrogates
+        raise ValueError(f"the prompt is not valid UTF-8 (bad byte at position {e.start}): "
+                         "pass UTF-8 text, or use -f with a UTF-8 file") from None
     return text
 
 

@@ -221,8 +221,9 @@ class ContextOptions:
             raise ValueError(f"n_ctx must be 0 (model default) or >= 16 tokens, got {self.n_ctx}")
         if self.n_batch < 1:
             raise ValueError(f"n_batch must be >= 1, got {self.n_batch}")
-        if self.n_threads is not None and self.n_threads < 1:
-            raise ValueError(f"n_threads must be >= 1, got {self.n_threads}")
+        if self.n_threads is not None and not 1 <= self.n_threads <= 512:
+            # 512 = GGML_MAX_N_THREADS, ggml's own limit
+            raise ValueError(f"n_threads must be in [1, 512], got {self.n_threads}")
         if self.flash_attn not in ("auto", "on", "off"):
             raise ValueError(f"flash_attn must be auto, on or off, got {self.flash_attn!r}")
 

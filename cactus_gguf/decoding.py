@@ -139,6 +139,10 @@ class DecoderConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
             raise ValueError(f"draft length k must be an integer >= 1, got {self.k!r}")
+        for ctx in (self.context, self.draft_context or self.context):
+            if self.k >= ctx.n_batch:
+                raise ValueError(f"draft length k={self.k} must be below the batch size n_batch="
+                                 f"{ctx.n_batch}: the k+1 verified tokens go in one llama_decode")
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
         if not isinstance(self.draft_min, int) or not 0 <= self.draft_min <= self.k:

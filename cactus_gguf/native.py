@@ -203,7 +203,7 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class AcceptanceParams:
-    """How the verifier accepts drafted tokens (see shared/cactus-notes.md for the math).
+    """How the verifier accepts drafted tokens (the math: native/cactus_native.h; Hao & Mou, ICLR 2026, arXiv:2604.04987).
 
     - ``method``: ``"sps"`` (h = q, exact), ``"cactus"`` (max acceptance s.t. KL(h||q) <= delta),
       ``"typical"`` (q[n] > min(eps, alpha exp(-H(q))), else argmax q), ``"topk"`` (n in the

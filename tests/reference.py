@@ -1,6 +1,6 @@
 """Plain NumPy reference of the native helper's math, for tests (slow, simple, independent).
 
-Dimension letters: V = vocabulary size, k = draft length. Names follow shared/cactus-notes.md:
+Dimension letters: V = vocabulary size, k = draft length. Names follow native/cactus_native.h:
 p = draft distribution, q = verifier distribution (both warped), n = drafted token, h = target.
 
 Conventions mirrored from native/cactus_native.c so that, fed the same uniforms, the reference makes
@@ -263,7 +263,7 @@ def emitted_first_token_distribution(p: np.ndarray | None, q: np.ndarray, method
                                      delta: float = 1.0, solver: str = "taylor",
                                      typical_epsilon: float = 0.09, typical_alpha: float = 0.3,
                                      accept_top_k: int = 5, drafted: int | None = None) -> np.ndarray:
-    """Analytic law of the token emitted at a position (shared/cactus-notes.md):
+    """Analytic law of the token emitted at a position (Hao & Mou 2026, arXiv:2604.04987; the mixture law of the emitted token):
 
     P(x) = sum_n p[n] (1[x = n] a_n + (1 - a_n) r_n[x]),  a_n = acceptance prob., r_n = residual law.
     p: float [V] draft distribution, or None with `drafted` for a one-hot drafter.

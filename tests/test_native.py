@@ -1,7 +1,7 @@
 """Tests of the native sampling helper (native/cactus_native.c via cactus_gguf.native).
 
 Dimension letters: V = vocabulary size, k = draft length. p = draft distribution, q = verifier
-distribution, n = drafted token, h = acceptance target (shared/cactus-notes.md).
+distribution, n = drafted token, h = acceptance target (native/cactus_native.h).
 
 Kinds of test, in order: the RNG against a pure-Python xoshiro256**; warps against the NumPy
 reference and hand-computed values; the Cactus gamma against hand-computed numbers and the binary-KL
