@@ -100,7 +100,10 @@ PARAM_CASES = [
     (["-c", "8"], "n_ctx must be 0 (model default) or >= 16"),
     (["-c", "-1"], "n_ctx must be 0"),
     (["-b", "0"], "n_batch must be >= 1"),
-    (["-t", "0"], "n_threads must be >= 1"),
+    (["-t", "0"], "n_threads must be in [1, 512]"),
+    (["-t", "100000"], "n_threads must be in [1, 512]"),
+    (["-k", "8", "-b", "8"], "draft length k=8 must be below the batch size n_batch=8"),
+    (["-k", "100000"], "draft length k=100000 must be below the batch size"),
     (["-n", "0"], "-n/--n-predict must be >= 1"),
     (["-s", str(2**64)], "-s/--seed must be an integer below 2**64"),
     (["-ngl", "-2"], "n_gpu_layers must be -1 (all) or >= 0"),
@@ -369,3 +372,25 @@ def test_real_pair_runs_on_this_machine(qwen_pair):
     assert r.returncode == 0, (r.returncode, r.stderr)
     assert "return" in r.stdout
     assert r.stderr.strip().splitlines()[-1].startswith("cactus-gguf: 8 tokens in")
+
+
+def test_prompt_with_undecodable_bytes_is_refused_before_loading():
+    # bytes that are not UTF-8 reach Python as lone surrogates (PEP 383)
+    r = subprocess.run([sys.executable, "-m", "cactus_gguf", "run", MISSING, MISSING, "-p",
+                        os.fsdecode(b"abc\xff\xfe")], capture_output=True, text=True, timeout=120,
+                       env=cli_env())
+    assert_one_line_error(r, "the prompt is not valid UTF-8 (bad byte at position 3)")
+
+
+def test_models_given_twice_are_refused():
+    r = run_cli("run", "-m", MISSING, MISSING, MISSING, "-p", "hello")
+    assert_one_line_error(r, "too many model arguments")
+
+
+def test_unusable_model_cache_is_a_one_line_error(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    env = dict(cli_env(), CACTUS_GGUF_CACHE=str(blocker))
+    r = subprocess.run([sys.executable, "-m", "cactus_gguf", "pull", "smollm2-135m-instruct-q4_1"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert_one_line_error(r, "cannot write to the model cache", "set CACTUS_GGUF_CACHE")
