@@ -107,11 +107,21 @@ def test_prompt_that_does_not_fit_is_an_error_before_any_decoding(models, monkey
         assert watch.decodes == []
 
 
-@pytest.mark.parametrize("n_batch,k", [(4, 8), (2, 5), (1, 4)])
-def test_draft_length_is_kept_within_the_batch(models, monkeypatch, n_batch, k):
+@pytest.mark.parametrize("n_batch,k", [(4, 8), (2, 5), (1, 4), (4, 4)])
+def test_draft_length_must_fit_the_batch(n_batch, k):
+    """The k+1 verified tokens go in one llama_decode: k >= n_batch is refused up front (a silent
+    cap would quietly turn speculation off with -b 1)."""
+    from cactus_gguf.decoding import DecoderConfig
+    with pytest.raises(ValueError, match=f"draft length k={k} must be below the batch size "
+                                         f"n_batch={n_batch}"):
+        DecoderConfig(k=k, context=ctx(256, n_batch=n_batch))
+
+
+def test_draft_length_is_kept_within_the_batch(models, monkeypatch):
     watch = Watch.install(monkeypatch)
     steps = StepLog.install(monkeypatch)
     ids = prompt_ids(40)
+    n_batch, k = 4, 3
     with make_decoder(models["ver"], models["dft"], k=k, temp=0.0,
                       context=ctx(256, n_batch=n_batch)) as dec:
         assert dec.verifier.n_batch == n_batch
