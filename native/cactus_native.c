@@ -877,11 +877,14 @@ static double gamma_exact(double q, double delta)
             g_next = 0.5 * (lo + hi); /* Newton left the bracket, or slope = 0 */
         }
         if (g_next == g || hi - lo <= 2.0 * DBL_EPSILON * hi) {
-            return g_next;
+            g = g_next;
+            break;
         }
         g = g_next;
     }
-    return g;
+    /* The root is only known to a few ulps: never hand back a gamma whose (computed) KL exceeds the
+     * budget. lo always satisfies binary_kl(lo, q) <= delta (it starts at q, where the KL is 0). */
+    return binary_kl(g, q) <= delta ? g : lo;
 }
 
 double cg_cactus_gamma(double q_n, double delta, int32_t solver)

@@ -764,3 +764,16 @@ def test_c_layer_validates_parameters_on_its_own():
     assert verify_status(1, 0, 1.0, 0.09, 0.3, 5, n_vocab=0) == 1
     assert native._workspace_size(0) == 0
     assert math.isnan(native._cactus_gamma(0.5, -1.0, 0)) and math.isnan(native._cactus_gamma(0.5, 1.0, 7))
+
+
+def test_exact_solver_reported_kl_never_exceeds_delta_even_by_rounding():
+    """The reported KL(h||q) of --solver exact is <= delta exactly (no 1e-16 overshoot)."""
+    worst = -math.inf
+    for delta in (1e-3, 0.1, 0.5, 1.0, 2.0):
+        s = NativeSampler(2, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+                          AcceptanceParams(method="cactus", delta=delta, solver="exact"), 0)
+        for q in np.linspace(1e-4, 1 - 1e-4, 2001):
+            logits = np.log(np.array([[q, 1 - q], [0.5, 0.5]])).astype(np.float32)
+            r = s.verify(None, np.array([0], np.int32), logits)
+            worst = max(worst, r.kl_max - delta)
+    assert worst <= 0.0
