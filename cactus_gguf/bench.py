@@ -29,12 +29,10 @@ import json
 import math
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -982,7 +980,7 @@ def _json_safe(obj: Any) -> Any:
 
 def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
     """PNG: acceptance length and tokens/s against δ for Cactus (one line per k; tokens/s with its
-    q25-q75 band), with sps, none and the other configurations as horizontal reference lines.
+    q25-q75 as error bars), with sps, none and the other configurations as horizontal lines.
 
     Raises ImportError with a one-line install hint when matplotlib is missing.
     """
@@ -1014,10 +1012,10 @@ def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
             marker = k_markers[i % len(k_markers)] + "-"
             ax_al.plot(d, [s["mean_accepted_length"] for s in cac], marker, color=color,
                        label=f"cactus{ksuf}")
-            ax_tps.plot(d, [s["tokens_per_second"]["median"] for s in cac], marker, color=color,
-                        label=f"cactus{ksuf} (band: q25-q75)")
-            ax_tps.fill_between(d, [s["tokens_per_second"]["q25"] for s in cac],
-                                [s["tokens_per_second"]["q75"] for s in cac], color=color, alpha=0.15)
+            med = [s["tokens_per_second"]["median"] for s in cac]
+            ax_tps.errorbar(d, med, yerr=[[m - s["tokens_per_second"]["q25"] for m, s in zip(med, cac)],
+                                          [s["tokens_per_second"]["q75"] - m for m, s in zip(med, cac)]],
+                            fmt=marker, color=color, capsize=4, label=f"cactus{ksuf} (bars: q25-q75)")
         for s in summary:
             if s["k"] == k and s["method"] in ref_colors:
                 style = dict(color=ref_colors[s["method"]], ls=k_styles[i % len(k_styles)], lw=1.4,
