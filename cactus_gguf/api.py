@@ -98,30 +98,40 @@ def _read_prompt(req: RunRequest) -> str:
     return text
 
 
+def choose_pair(pair: str | None, verifier: str | None, draft: str | None):
+    """The registry pair to use, if any: ``pair`` by name, or the default pair when no model is
+    given. Returns (PairEntry or None, verifier spec, draft spec).
+
+    Raises ValueError for an unknown pair, or a pair given together with models.
+    """
+    from .registry import load_registry
+
+    if pair is None and (verifier is not None or draft is not None):
+        return None, verifier, draft
+    if verifier is not None or draft is not None:
+        raise ValueError("give either --pair or model paths/names, not both")
+    registry = load_registry()
+    if pair is None:
+        entry = registry.default_pair
+    elif pair in registry.pairs:
+        entry = registry.pairs[pair]
+    else:
+        raise ValueError(f"unknown pair {pair!r}: see `cactus-gguf models` "
+                         f"(pairs: {', '.join(sorted(registry.pairs))})")
+    return entry, entry.verifier, entry.draft
+
+
 def plan_run(req: RunRequest) -> RunPlan:
     """Validate ``req`` and settle which models to use, without touching a model file.
 
     Model names are resolved (and fetched) only by :func:`execute_run`.
     Raises ValueError (one line) for any invalid option or unreadable prompt.
     """
-    from .registry import load_registry
-
     values = {name: getattr(req, name) for name in
               ("k", "delta", "temperature", "top_k", "top_p")}
-    pair_name = None
-    verifier, draft = req.verifier, req.draft
-    if req.pair is not None or (verifier is None and draft is None):
-        registry = load_registry()
-        if req.pair is not None:
-            if req.pair not in registry.pairs:
-                raise ValueError(f"unknown pair {req.pair!r}: see `cactus-gguf models` "
-                                 f"(pairs: {', '.join(sorted(registry.pairs))})")
-            pair = registry.pairs[req.pair]
-        else:
-            pair = registry.default_pair
-        if verifier is not None or draft is not None:
-            raise ValueError("give either --pair or model paths/names, not both")
-        pair_name, verifier, draft = pair.name, pair.verifier, pair.draft
+    pair, verifier, draft = choose_pair(req.pair, req.verifier, req.draft)
+    pair_name = pair.name if pair is not None else None
+    if pair is not None:
         if req.drafter == "ngram":
             draft = None
         recommended = {"k": pair.k, "delta": pair.delta, "temperature": pair.temperature,

@@ -669,21 +669,10 @@ def plan_bench(req: BenchRequest) -> BenchPlan:
 
     Raises ValueError (one line) for any invalid option or prompt file.
     """
-    from .registry import load_registry
+    from .api import choose_pair
 
-    verifier, draft, pair_name, pair = req.verifier, req.draft, None, None
-    if req.pair is not None or (verifier is None and draft is None):
-        if verifier is not None or draft is not None:
-            raise ValueError("give either --pair or model paths/names, not both")
-        registry = load_registry()
-        if req.pair is not None:
-            if req.pair not in registry.pairs:
-                raise ValueError(f"unknown pair {req.pair!r}: see `cactus-gguf models` "
-                                 f"(pairs: {', '.join(sorted(registry.pairs))})")
-            pair = registry.pairs[req.pair]
-        else:
-            pair = registry.default_pair
-        pair_name, verifier, draft = pair.name, pair.verifier, pair.draft
+    pair, verifier, draft = choose_pair(req.pair, req.verifier, req.draft)
+    pair_name = pair.name if pair is not None else None
     if verifier is None:
         raise ValueError("no verifier model: give VERIFIER (a .gguf path or a registry name)")
     if not isinstance(req.n_predict, int) or req.n_predict < 1:
