@@ -149,7 +149,8 @@ def build_has_amx() -> bool:
     return "AMX_INT8 = 1" in info
 
 
-def _default_threads() -> int:
+def default_threads() -> int:
+    """Threads used when none are given: the cores this process may run on."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS / Windows
@@ -299,7 +300,7 @@ class LlamaModelContext:
                 "lower -c/--ctx-size")
 
         cparams = llama_cpp.llama_context_default_params()
-        n_threads = context_options.n_threads or _default_threads()
+        n_threads = context_options.n_threads or default_threads()
         cparams.n_ctx = context_options.n_ctx
         cparams.n_batch = context_options.n_batch
         cparams.n_ubatch = context_options.n_batch

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .backend import ContextOptions, ModelOptions
+from .backend import ContextOptions, ModelOptions, default_threads
 from .decoding import DecoderConfig, SpeculativeDecoder
 from .native import AcceptanceParams, NativeSampler, SamplingParams
 
@@ -483,10 +483,7 @@ def machine_facts() -> dict:
                     mem = int(line.split()[1]) * 1024
     except (OSError, ValueError):
         pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
+    usable = default_threads()
     import llama_cpp
 
     gpu = "none"
@@ -748,17 +745,10 @@ def _settings(plan: BenchPlan, chat: bool) -> dict:
             "seeds": "seed + prompt index, the same for every configuration", "ks": list(plan.ks),
             "solver": plan.solver, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
             "min_p": s.min_p, "chat": chat, "n_ctx": c.n_ctx, "n_batch": c.n_batch,
-            "n_threads": c.n_threads or _usable_cores(), "flash_attn": c.flash_attn,
+            "n_threads": c.n_threads or default_threads(), "flash_attn": c.flash_attn,
             "prompts": plan.prompt_source, "n_prompts": len(plan.prompts),
             "timeout_seconds": plan.timeout, "instruction": HUMANEVAL_INSTRUCTION,
             "order": "per prompt every configuration, order rotated by one per prompt"}
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def _stats_record(stats) -> dict:
