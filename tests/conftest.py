@@ -1,9 +1,16 @@
 """Shared pytest fixtures."""
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
+
+# A shell's background job (`cmd &`, as some CI runners start things) inherits SIGINT *ignored*, and
+# so would every CLI subprocess the tests start, hiding the Ctrl-C behaviour they check. Catching it
+# here makes the disposition "handled", which exec resets to the default for the children.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
