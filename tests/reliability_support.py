@@ -184,6 +184,26 @@ class KvShadow:
 
 
 # ------------------------------------------------------------------------------------------------
+# Memory trends
+# ------------------------------------------------------------------------------------------------
+
+def rss_mib() -> float:
+    """Resident set size of this process, MiB (/proc/self/statm)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def memory_slope(samples: Sequence[float]) -> float:
+    """Trend of resident-memory samples taken at equal steps, MiB per step: the Theil-Sen slope
+    (the median of the pairwise slopes), which the allocator's jumps cannot move: a few samples
+    tens of MiB off (freed arenas handed back late, repacked buffers landing elsewhere) leave it
+    at ~0, while a leak of L MiB per step gives ~L."""
+    from scipy.stats import theilslopes
+
+    return float(theilslopes(np.asarray(samples, dtype=np.float64)).slope)
+
+
+# ------------------------------------------------------------------------------------------------
 # The CLI in a subprocess
 # ------------------------------------------------------------------------------------------------
 

@@ -176,11 +176,21 @@ def test_identical_draft_acceptance_is_flat_and_full_over_thousands_of_tokens(mo
 
 def test_noisy_draft_acceptance_does_not_decay_over_thousands_of_tokens(models, monkeypatch):
     steps = StepLog.install(monkeypatch)
+    shadow = KvShadow.install(monkeypatch)  # llama.cpp's view checked after every cache edit
     with make_decoder(models["long"], models["long_dft"], k=4, method="cactus", temp=0.8,
                       context=ctx(n_ctx=4096)) as dec:
         res = dec.generate("the cat sat on", n_predict=2400, seed=4)
+        committed = dec.tokenize("the cat sat on") + res.tokens
+        held_ver, held_dft = shadow.held(dec.verifier), shadow.held(dec.draft)
     assert res.stats.n_tokens == 2400, res.stop_reason
     first, last = thirds(steps.steps)
     print(f"noisy draft, temp 0.8: acceptance first third {first:.4f}, last third {last:.4f}")
-    assert 0.2 < first < 0.98
-    assert abs(first - last) < 0.1
+    # The acceptance of a noisy draft moves with the text it wanders into (0.46 -> 0.57 over 2400
+    # tokens with seed 4 on an AMD EPYC), so a drift of the rate is no evidence either way; and
+    # logits cannot tell a corrupt cache from rounding here (a fresh decode of the 2400 tokens
+    # differs from the long-lived cache by up to 0.1 in a logit, more than one wrong token at
+    # position 1000 changes it). Decay would come from a cache that holds the wrong tokens:
+    # after thousands of tokens each must hold exactly the committed prefix, as llama.cpp agrees.
+    assert 0.2 < first < 0.98 and 0.2 < last < 0.98
+    assert held_ver == committed[:-1]
+    assert held_dft == committed[:len(held_dft)] and len(held_dft) >= len(committed) - 2
