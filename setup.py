@@ -1,4 +1,4 @@
-"""Build the native sampling helper (native/*.c) into cactus_gguf/.
+"""Build the native sampling helper (native/*.c) into cactus_gguf/sampling/.
 
 The helper is plain C with no Python API: setuptools compiles it as an extension-named shared
 library so that it lands next to the package with the right platform suffix, and
@@ -31,7 +31,7 @@ setup(
     cmdclass={"build_py": BuildPyWithRegistry},
     ext_modules=[
         Extension(
-            "cactus_gguf._cactus_native",
+            "cactus_gguf.sampling._cactus_native",
             sources=["native/cactus_native.c"],
             include_dirs=["native"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-fvisibility=default"],

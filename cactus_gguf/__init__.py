@@ -10,7 +10,7 @@ import importlib
 _EXPORTS = {
     "SpeculativeDecoder": "decoding", "DecoderConfig": "decoding", "GenerationResult": "decoding",
     "GenerationStats": "decoding", "VocabMismatchError": "decoding",
-    "AcceptanceParams": "native", "SamplingParams": "native",
+    "AcceptanceParams": "sampling", "SamplingParams": "sampling",
 }
 __all__ = list(_EXPORTS)
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 from .backend import ContextOptions, ModelOptions
 from .decoding import DecoderConfig, GenerationResult, SpeculativeDecoder
-from .native import AcceptanceParams, SamplingParams
+from .sampling import AcceptanceParams, SamplingParams
 
 __all__ = ["RunRequest", "RunPlan", "plan_run", "execute_run", "result_json"]
 

@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .backend import ContextOptions, DecodeError, LlamaModelContext, ModelOptions
-from .native import AcceptanceParams, NativeSampler, SamplingParams
+from .sampling import AcceptanceParams, NativeSampler, SamplingParams
 
 __all__ = [
     "DecoderConfig",

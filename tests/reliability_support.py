@@ -249,7 +249,7 @@ def make_decoder(ver, dft=None, *, k: int = 4, method: str = "cactus", delta: fl
                  min_p: float = 0.0, drafter: str = "model", context=None, draft_context=None):
     """A SpeculativeDecoder over tiny models; method "none" = the verifier alone."""
     from cactus_gguf.decoding import DecoderConfig, SpeculativeDecoder
-    from cactus_gguf.native import AcceptanceParams, SamplingParams
+    from cactus_gguf.sampling import AcceptanceParams, SamplingParams
 
     acc = None if method == "none" else AcceptanceParams(method=method, delta=delta, solver=solver)
     cfg = DecoderConfig(k=k, acceptance=acc, drafter=drafter,
@@ -269,7 +269,7 @@ class StepLog:
 
     @classmethod
     def install(cls, monkeypatch, *, keep_probs: bool = False) -> "StepLog":
-        from cactus_gguf.native import NativeSampler
+        from cactus_gguf.sampling import NativeSampler
 
         log = cls()
         verify = NativeSampler.verify

@@ -11,9 +11,9 @@ from scipy import stats as sps_stats
 
 from cactus_gguf.backend import ContextOptions, LlamaModelContext
 from cactus_gguf.decoding import DecoderConfig, SpeculativeDecoder, VocabMismatchError
-from cactus_gguf.native import AcceptanceParams, NativeSampler, SamplingParams
+from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams
 
-import reference
+from cactus_gguf.sampling import reference
 
 ALPHA = 0.001
 CTX = ContextOptions(n_ctx=512, n_batch=64, n_threads=1)

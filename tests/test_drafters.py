@@ -9,9 +9,9 @@ import pytest
 
 from cactus_gguf.backend import LlamaModelContext
 from cactus_gguf.decoding import DecoderConfig, NgramDrafter, SpeculativeDecoder
-from cactus_gguf.native import AcceptanceParams, NativeSampler, SamplingParams
+from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams
 
-import reference
+from cactus_gguf.sampling import reference
 from test_decoding import ALPHA, CTX, chisquare_pvalue
 
 SAMPLING = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import reference as ref
-from cactus_gguf import native
-from cactus_gguf.native import (
+from cactus_gguf.sampling import reference as ref
+from cactus_gguf.sampling import native
+from cactus_gguf.sampling import (
     AcceptanceParams,
     BadDistributionError,
     NativeArgumentError,

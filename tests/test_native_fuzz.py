@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import reference as ref
-from cactus_gguf.native import (AcceptanceParams, BadDistributionError, NativeSampler,
+from cactus_gguf.sampling import reference as ref
+from cactus_gguf.sampling import (AcceptanceParams, BadDistributionError, NativeSampler,
                                 NonFiniteLogitsError, SamplingParams)
 
 METHODS = ["sps", "cactus", "typical", "topk", "greedy"]
@@ -268,7 +268,7 @@ def test_same_seed_same_trace_and_samplers_never_share_state(case, other_seed):
 def test_tiny_budgets_keep_kl_non_negative_and_within_budget(q, delta):
     """Regression: the binary KL lost ~1e-17 to cancellation when gamma is near q[n], so a tiny
     delta gave a negative reported KL and an exact-solver gamma ~1e-9 above q[n] (KL ~1e-17 >> delta)."""
-    from cactus_gguf.native import cactus_gamma
+    from cactus_gguf.sampling import cactus_gamma
 
     g = cactus_gamma(q, delta, "exact")
     # for tiny delta the root is q + sqrt(2 delta q (1 - q)) (the Taylor form), to float resolution

@@ -9,7 +9,7 @@ import pytest
 
 from cactus_gguf.backend import ContextOptions
 from cactus_gguf.decoding import DecoderConfig, SpeculativeDecoder
-from cactus_gguf.native import AcceptanceParams, SamplingParams
+from cactus_gguf.sampling import AcceptanceParams, SamplingParams
 
 PAPER_SAMPLING = SamplingParams(temperature=0.6, top_k=20, top_p=0.95, min_p=0.0)
 PROMPTS = ["def fibonacci(n):", "Write a short story about a robot:",

@@ -25,7 +25,7 @@ import pytest
 import llama_cpp
 from cactus_gguf.backend import ContextOptions, LlamaModelContext, ModelLoadError
 from cactus_gguf.decoding import SpeculativeDecoder, DecoderConfig, VocabMismatchError
-from cactus_gguf.native import NativeSampler, SamplingParams
+from cactus_gguf.sampling import NativeSampler, SamplingParams
 
 from reliability_support import ctx, make_decoder, memory_slope, rss_mib, write_llama
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cactus_gguf.backend import LlamaModelContext
-from cactus_gguf.native import (AcceptanceParams, NativeSampler, NonFiniteLogitsError,
+from cactus_gguf.sampling import (AcceptanceParams, NativeSampler, NonFiniteLogitsError,
                                 SamplingParams)
 
 from reliability_support import StepLog, make_decoder, write_llama

@@ -28,7 +28,7 @@ def load_pair(verifier, draft, n_ctx: int):
 def generate_ids(engine, prompt: str, c: dict) -> list[int]:
     import dataclasses
 
-    from cactus_gguf.native import AcceptanceParams, SamplingParams
+    from cactus_gguf.sampling import AcceptanceParams, SamplingParams
 
     acc = None if c["method"] == "none" else AcceptanceParams(
         method=c["method"], delta=c["delta"], solver=c["solver"])

@@ -280,8 +280,8 @@ def default_registry_path() -> Path:
     file at the repository root (source checkouts and editable installs).
     Raises RegistryError if neither exists.
     """
-    here = Path(__file__).resolve().parent
-    candidates = (here / "models.yaml", here.parent / "models.yaml")
+    package = Path(__file__).resolve().parent.parent  # cactus_gguf/
+    candidates = (package / "models.yaml", package.parent / "models.yaml")
     for p in candidates:
         if p.is_file():
             return p

@@ -27,6 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import EngineError, InputError
+from .params import METHODS, SOLVERS, AcceptanceParams, SamplingParams  # METHODS: index = cg_method
+
 __all__ = [
     "AcceptanceParams",
     "BadDistributionError",
@@ -41,19 +44,17 @@ __all__ = [
     "cactus_gamma",
 ]
 
-METHODS = ("sps", "cactus", "typical", "topk", "greedy")  # index = cg_method
-SOLVERS = ("taylor", "exact")  # index = cg_solver
 
 # ---------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------
 
 
-class NativeError(RuntimeError):
+class NativeError(EngineError):
     """A call into the native helper failed."""
 
 
-class NativeArgumentError(NativeError, ValueError):
+class NativeArgumentError(NativeError, InputError):
     """CG_ERR_BAD_ARGUMENT: a token id outside [0, V), or a parameter outside its range."""
 
 
@@ -168,74 +169,6 @@ def _is_int(x) -> bool:
 
 def _is_real(x) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Sampling warps, applied in llama.cpp's default order: top-k, top-p, min-p, temperature.
-
-    Defaults are llama.cpp's. Values cross into C as float32 (temperature, top_p, min_p).
-
-    - ``temperature``: > 0 scales the logits; <= 0 means greedy (one-hot at the argmax, ties -> lowest id).
-    - ``top_k``: keep the ``top_k`` largest logits (ties -> lowest id); 0 = off.
-    - ``top_p``: keep the smallest descending prefix with cumulative prob >= top_p, in (0, 1]; 1 = off.
-    - ``min_p``: keep prob >= min_p * max prob, in [0, 1]; 0 = off.
-
-    top-p and min-p use softmax at temperature 1 over the tokens still kept.
-    Raises ValueError on an out-of-range value.
-    """
-
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-
-    def __post_init__(self) -> None:
-        if not _is_real(self.temperature) or math.isnan(self.temperature):
-            raise ValueError(f"temperature must be a number (<= 0 for greedy), got {self.temperature!r}")
-        if not _is_int(self.top_k) or not 0 <= self.top_k < 2**31:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
-        if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
-
-
-@dataclass(frozen=True)
-class AcceptanceParams:
-    """How the verifier accepts drafted tokens (the math: native/cactus_native.h; Hao & Mou, ICLR 2026, arXiv:2604.04987).
-
-    - ``method``: ``"sps"`` (h = q, exact), ``"cactus"`` (max acceptance s.t. KL(h||q) <= delta),
-      ``"typical"`` (q[n] > min(eps, alpha exp(-H(q))), else argmax q), ``"topk"`` (n in the
-      verifier's top ``accept_top_k``), ``"greedy"`` (x ~ q; accept while x == n).
-    - ``delta``: Cactus KL budget in nats, >= 0 (0 is exactly SpS).
-    - ``solver``: Cactus gamma, ``"taylor"`` (the paper's closed form) or ``"exact"`` (binary-KL root).
-    - ``typical_epsilon``, ``typical_alpha``: >= 0 (vLLM defaults 0.09, 0.3).
-    - ``accept_top_k``: >= 1 (the authors' default 5).
-
-    Every field is validated whatever the method. Raises ValueError on an out-of-range value.
-    """
-
-    method: str = "cactus"
-    delta: float = 1.0
-    solver: str = "taylor"
-    typical_epsilon: float = 0.09
-    typical_alpha: float = 0.3
-    accept_top_k: int = 5
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
-        if not _is_real(self.delta) or not self.delta >= 0.0:
-            raise ValueError(f"delta must be >= 0 nats, got {self.delta!r}")
-        if self.solver not in SOLVERS:
-            raise ValueError(f"solver must be one of {', '.join(SOLVERS)}; got {self.solver!r}")
-        if not _is_real(self.typical_epsilon) or not self.typical_epsilon >= 0.0:
-            raise ValueError(f"typical_epsilon must be >= 0, got {self.typical_epsilon!r}")
-        if not _is_real(self.typical_alpha) or not self.typical_alpha >= 0.0:
-            raise ValueError(f"typical_alpha must be >= 0, got {self.typical_alpha!r}")
-        if not _is_int(self.accept_top_k) or not 1 <= self.accept_top_k < 2**31:
-            raise ValueError(f"accept_top_k must be an integer >= 1, got {self.accept_top_k!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,9 +40,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .backend import ContextOptions, ModelOptions, default_threads
-from .decoding import DecoderConfig, SpeculativeDecoder
-from .native import AcceptanceParams, NativeSampler, SamplingParams
+from ..backend import ContextOptions, ModelOptions, default_threads
+from ..decoding import DecoderConfig, SpeculativeDecoder
+from ..sampling import AcceptanceParams, NativeSampler, SamplingParams
 
 __all__ = [
     "BenchRequest", "BenchPlan", "BenchPrompt", "plan_bench", "run_bench", "write_report",
@@ -509,7 +509,7 @@ def build_facts() -> dict:
 
     import llama_cpp
 
-    from .backend import build_has_amx, cpu_has_amx
+    from ..backend import build_has_amx, cpu_has_amx
 
     try:
         version = importlib.metadata.version("cactus-gguf")
@@ -536,7 +536,7 @@ def build_facts() -> dict:
 def model_sha256(path: str | os.PathLike[str]) -> tuple[str, str]:
     """(sha256, how): from the registry's verification marker next to a cached file when it
     still describes the file ("registry marker"), else computed ("computed")."""
-    from . import registry
+    from .. import registry
 
     path = Path(path)
     marker = path.with_name(path.name + ".sha256")
@@ -666,7 +666,7 @@ def plan_bench(req: BenchRequest) -> BenchPlan:
 
     Raises ValueError (one line) for any invalid option or prompt file.
     """
-    from .api import choose_pair
+    from ..api import choose_pair
 
     pair, verifier, draft = choose_pair(req.pair, req.verifier, req.draft)
     pair_name = pair.name if pair is not None else None
@@ -767,7 +767,7 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
     """
     from tqdm import tqdm
 
-    from .registry import resolve_model
+    from ..registry import resolve_model
 
     say = log or (lambda _msg: None)
     started = _dt.datetime.now(_dt.timezone.utc)
@@ -1047,24 +1047,10 @@ def write_report(report: dict, output_dir: str | os.PathLike[str], *,
 # Native-kernel micro-benchmark: NativeSampler.verify against the NumPy reference
 # =================================================================================================
 
-def _load_reference(path: str | os.PathLike[str] | None = None):
-    """tests/reference.py of a source checkout, imported by path; None when absent."""
-    import importlib.util
-
-    p = Path(path) if path else Path(__file__).resolve().parent.parent / "tests" / "reference.py"
-    if not p.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location("cactus_gguf_reference", p)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("cactus_gguf_reference", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def kernel_benchmark(ks: Iterable[int] = (4, 8, 16), vocab_sizes: Iterable[int] = (32_000, 151_936),
                      *, repeats: int = 30, numpy_repeats: int = 5, logit_scale: float = 3.0,
                      draft_noise: float = 0.0, method: str = "cactus", delta: float = 1.0,
-                     seed: int = 0, reference: str | os.PathLike[str] | None = None,
+                     seed: int = 0,
                      progress: bool = False) -> dict:
     """Time one verification step (``NativeSampler.verify``) per (V, warps, k), median of repeats.
 
@@ -1081,7 +1067,8 @@ def kernel_benchmark(ks: Iterable[int] = (4, 8, 16), vocab_sizes: Iterable[int] 
     """
     from tqdm import tqdm
 
-    ref = _load_reference(reference)
+    from ..sampling import reference as ref
+
     acc = AcceptanceParams(method=method, delta=delta)
     warps = {"top-k 20": SamplingParams(temperature=0.6, top_k=20, top_p=0.95, min_p=0.0),
              "no top-k": SamplingParams(temperature=0.6, top_k=0, top_p=0.95, min_p=0.0)}
@@ -1101,7 +1088,7 @@ def kernel_benchmark(ks: Iterable[int] = (4, 8, 16), vocab_sizes: Iterable[int] 
         s.verify(probs, tokens, vl)  # untimed: first touch of the workspace, as a decoder's 2nd step
         c_ms, np_ms, n_rows, agree = [], [], [], True
         for r in range(repeats):
-            uniforms = s.peek_uniforms(2 * k + 2) if ref is not None and r < numpy_repeats else None
+            uniforms = s.peek_uniforms(2 * k + 2) if r < numpy_repeats else None
             t0 = time.perf_counter()
             res = s.verify(probs, tokens, vl)
             c_ms.append((time.perf_counter() - t0) * 1e3)
@@ -1124,7 +1111,7 @@ def kernel_benchmark(ks: Iterable[int] = (4, 8, 16), vocab_sizes: Iterable[int] 
     return {"schema": "cactus-gguf-kernels/1", "method": method, "delta": delta,
             "temperature": 0.6, "top_p": 0.95, "logit_scale": logit_scale,
             "draft_noise": draft_noise, "repeats": repeats, "numpy_repeats": numpy_repeats,
-            "reference": None if ref is None else str(Path(ref.__file__)),
+            "reference": "cactus_gguf.sampling.reference",
             "machine": machine_facts(), "results": rows}
 
 
@@ -1137,6 +1124,4 @@ def format_kernel_table(result: dict) -> list[str]:
                      for r in result["results"]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    if result["reference"] is None:
-        lines.append("(NumPy reference tests/reference.py not found: run from a source checkout)")
     return lines

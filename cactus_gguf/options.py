@@ -1,0 +1,396 @@
+"""Every user-visible option, declared once.
+
+Each :class:`Option` carries its name (the Python API and JSON name), type, default, allowed values,
+help text, command-line flags (llama.cpp's names where llama.cpp has the option) and whether a
+registry pair may recommend a value for it. Everything else is derived from this table:
+
+- :class:`LoadOptions` (fixed for an engine's life) and :class:`Request` (one generation), the frozen
+  dataclasses of the Python API, with their validation;
+- the ``cactus-gguf run`` / ``bench`` command-line options (``cli/``) and their ``--help``;
+- the benchmark's grids (``--k 4,8``, ``--delta 0.5,1``) and the README's flag table
+  (``python -m cactus_gguf.options``; ``tests/test_options.py`` checks the README against it).
+
+Scopes: ``load`` (an engine's models and contexts), ``request`` (one generation: sampling, acceptance
+rule, draft length, drafter, n_predict, stop strings, seed) and ``run`` (what only the ``run`` command
+has: which models, the prompt, output format).
+
+This module imports nothing of the package: every layer may use it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from .errors import InputError
+
+__all__ = ["Option", "OPTIONS", "LoadOptions", "Request", "options_in", "default", "check_value",
+           "validate_pairing", "markdown_table", "METHODS", "SOLVERS", "DRAFTERS"]
+
+# The acceptance rules (index = the C helper's cg_method; "none" = no speculation, the verifier alone).
+METHODS = ("sps", "cactus", "typical", "topk", "greedy")
+SOLVERS = ("taylor", "exact")  # index = cg_solver
+DRAFTERS = ("model", "ngram")
+
+
+# ------------------------------------------------------------------------------------------------
+# Allowed values
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric interval, optionally with extra allowed values (``also``) and a note on special
+    values (``note``, e.g. "0 = off"). ``problem(v)`` is None when v is allowed, else a phrase
+    such as "must be in (0, 1] (1 = off), got 1.5"."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    also: tuple = ()
+    note: str = ""
+
+    def contains(self, v: float) -> bool:
+        if v in self.also:
+            return True
+        if self.lo is not None and (v < self.lo or (self.lo_open and v == self.lo)):
+            return False
+        return not (self.hi is not None and (v > self.hi or (self.hi_open and v == self.hi)))
+
+    def describe(self) -> str:
+        if self.lo is not None and self.hi is not None:
+            text = (f"in {'(' if self.lo_open else '['}{_num(self.lo)}, "
+                    f"{_num(self.hi)}{')' if self.hi_open else ']'}")
+        elif self.lo is not None:
+            text = f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
+        elif self.hi is not None:
+            text = f"{'<' if self.hi_open else '<='} {_num(self.hi)}"
+        else:
+            text = "a number"
+        if self.also:
+            text = " or ".join(_num(a) for a in self.also) + " or " + text
+        return text + (f" ({self.note})" if self.note else "")
+
+
+def _num(x: Any) -> str:
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    if isinstance(x, int) and x >= 2**32:
+        exp = x.bit_length() - 1
+        return f"2**{exp}" if x == 2**exp else str(x)
+    return str(x)
+
+
+# ------------------------------------------------------------------------------------------------
+# The option record
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Option:
+    """One user-visible option.
+
+    name: API / JSON name (also the keyword of :class:`Request` / :class:`LoadOptions`).
+    type: int, float, str or bool; ``optional`` allows None (shown as ``shown_default``).
+    default: the value when nobody sets it; ``command_defaults`` overrides it per command (e.g. the
+        benchmark's fixed seed).
+    flags: command-line flags, llama.cpp's where it has the option (empty: API / server only).
+    scope: "load", "request" or a command name ("run", "bench").
+    choices / range: the allowed values (None: any value of the type).
+    recommend: a registry pair may recommend a value (applied when the user sets none).
+    grid: ``bench`` sweeps it as a comma-separated list (``--k 4,8``).
+    multiple: a tuple of values, the flag repeatable (``--stop``).
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    flags: tuple[str, ...] = ()
+    scope: str = "request"
+    choices: tuple[str, ...] | None = None
+    range: Range | None = None
+    recommend: bool = False
+    grid: bool = False
+    multiple: bool = False
+    optional: bool = False
+    metavar: str | None = None
+    shown_default: str | None = None
+    commands: frozenset[str] = frozenset({"run", "bench"})
+    command_defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def flag(self) -> str:
+        """How an error message names it on the command line: ``-c/--ctx-size``."""
+        return "/".join(self.flags) if self.flags else self.name
+
+    def default_for(self, command: str | None) -> Any:
+        return self.command_defaults.get(command, self.default) if command else self.default
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not allowed (a phrase that follows the option's name), or None."""
+        if value is None and self.optional:
+            return None
+        if self.multiple:
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                return f"must be a string or a list of strings, got {type(value).__name__}"
+            return None
+        if self.type is bool:
+            return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+        if self.type is str:
+            if not isinstance(value, str):
+                return f"must be a string, got {type(value).__name__}"
+            if self.choices and value not in self.choices:
+                return f"must be one of {', '.join(self.choices)}; got {value!r}"
+            return None
+        if isinstance(value, bool) or not _is_number(value, integral=self.type is int):
+            kind = "an integer" if self.type is int else "a number"
+            return f"must be {kind}, got {value!r}"
+        if self.type is float and math.isnan(value):
+            return f"must be {self.range.describe() if self.range else 'a number'}, got nan"
+        if self.range is not None and not self.range.contains(value):
+            return f"must be {self.range.describe()}, got {_num(value)}"
+        return None
+
+
+def _is_number(x: Any, integral: bool) -> bool:
+    import numbers
+
+    if integral:
+        return isinstance(x, numbers.Integral)
+    return isinstance(x, numbers.Real)
+
+
+# ------------------------------------------------------------------------------------------------
+# The table
+# ------------------------------------------------------------------------------------------------
+
+_METHOD_HELP = (
+    "acceptance rule: `cactus`; `sps` (exact speculative sampling); `typical` (Medusa / vLLM typical "
+    "acceptance: accept if `q[n] > min(ε, α·exp(−H(q)))`, else emit the verifier's argmax); `topk` "
+    "(accept drafts among the verifier's top `--accept-top-k`, residual from `max(0, 1[top] − p)`); "
+    "`greedy` (llama-server style: sample from the verifier, accept while it equals the draft); "
+    "`none` (the verifier alone: the baseline, same sampler)")
+
+_RUN = frozenset({"run"})
+_ALL = frozenset({"run", "bench"})
+
+OPTIONS: tuple[Option, ...] = (
+    # -- run: models and prompt ------------------------------------------------------------------
+    Option("model", str, None, "verifier GGUF path or registry name", ("VERIFIER", "-m", "--model"),
+           scope="run", optional=True, shown_default="default pair", metavar="VERIFIER",
+           commands=_ALL),
+    Option("model_draft", str, None, "draft GGUF path or registry name",
+           ("DRAFT", "-md", "--model-draft"), scope="run", optional=True,
+           shown_default="default pair", metavar="DRAFT", commands=_ALL),
+    Option("pair", str, None, "a pair from `models.yaml`; its recommended k, δ and sampling apply "
+           "unless you set them", ("--pair",), scope="run", optional=True, metavar="NAME",
+           shown_default="", commands=_ALL),
+    Option("prompt", str, None, "prompt text", ("-p", "--prompt"), scope="run", optional=True,
+           metavar="TEXT", shown_default="", commands=_RUN),
+    Option("file", str, None, "read the prompt from a UTF-8 file (`-` = standard input)",
+           ("-f", "--file"), scope="run", optional=True, metavar="FILE", shown_default="",
+           commands=_RUN),
+    Option("chat", bool, False, "wrap the prompt as a user message in the GGUF's chat template",
+           ("--chat",), scope="run", commands=_RUN),
+    # -- request: what one generation does -------------------------------------------------------
+    Option("n_predict", int, 128, "tokens to generate", ("-n", "--n-predict"), range=Range(lo=1),
+           metavar="N"),
+    Option("k", int, 8, "draft length: tokens proposed per verification step (below `-b`)",
+           ("-k", "--draft-max"), range=Range(lo=1), recommend=True, grid=True, metavar="K"),
+    Option("method", str, "cactus", _METHOD_HELP, ("--method",), choices=METHODS + ("none",)),
+    Option("delta", float, 1.0, "Cactus KL budget δ in nats; 0 = exactly SpS", ("--delta",),
+           range=Range(lo=0.0), recommend=True, grid=True, metavar="D"),
+    Option("solver", str, "taylor", "Cactus γ: `taylor` (paper's closed form; can exceed δ slightly "
+           "when γ > 0.5) or `exact` (binary-KL root: KL ≤ δ up to float rounding, ~1e-15)",
+           ("--solver",), choices=SOLVERS),
+    Option("typical_epsilon", float, 0.09, "typical acceptance ε (vLLM default)",
+           ("--typical-epsilon",), range=Range(lo=0.0), metavar="E"),
+    Option("typical_alpha", float, 0.3, "typical acceptance α (vLLM default)", ("--typical-alpha",),
+           range=Range(lo=0.0), metavar="A"),
+    Option("accept_top_k", int, 5, "`topk` acceptance: size of the accepted set (within the "
+           "verifier's support)", ("--accept-top-k",), range=Range(lo=1, hi=2**31, hi_open=True),
+           metavar="N"),
+    Option("drafter", str, "model", "`model` (the DRAFT GGUF) or `ngram` (prompt lookup from the "
+           "token history: no draft model, `cactus-gguf run VERIFIER --drafter ngram`)",
+           ("--drafter",), choices=DRAFTERS),
+    Option("ngram_max", int, 3, "`ngram` drafter: longest n-gram looked up", ("--ngram-max",),
+           range=Range(lo=1), metavar="N"),
+    Option("ngram_min", int, 1, "`ngram` drafter: shortest n-gram looked up", ("--ngram-min",),
+           range=Range(lo=1), metavar="N"),
+    Option("draft_min", int, 0, "drop a draft shorter than N (that step is verifier-only), as "
+           "llama.cpp", ("--draft-min",), range=Range(lo=0), metavar="N"),
+    Option("draft_p_min", float, 0.0, "stop drafting when the draft's most likely token has "
+           "probability below P, as llama.cpp", ("--draft-p-min",), range=Range(lo=0.0, hi=1.0),
+           metavar="P"),
+    Option("temperature", float, 0.8, "temperature; 0 = greedy (acceptance is then exact match)",
+           ("--temp",), range=Range(note="<= 0 = greedy"), recommend=True, metavar="T"),
+    Option("top_k", int, 40, "top-k (0 = off)", ("--top-k",),
+           range=Range(lo=0, hi=2**31, hi_open=True, note="0 = off"), recommend=True, metavar="N"),
+    Option("top_p", float, 0.95, "top-p (1 = off)", ("--top-p",),
+           range=Range(lo=0.0, hi=1.0, lo_open=True, note="1 = off"), recommend=True, metavar="P"),
+    Option("min_p", float, 0.05, "min-p (0 = off)", ("--min-p",),
+           range=Range(lo=0.0, hi=1.0, note="0 = off"), recommend=True, metavar="P"),
+    Option("seed", int, -1, "RNG seed; -1 = random (the seed used is reported)", ("-s", "--seed"),
+           range=Range(hi=2**64, hi_open=True, note="negative = random"), metavar="N",
+           command_defaults={"bench": 0}),
+    Option("stop", str, (), "stop string (repeatable); never printed", ("--stop",), multiple=True,
+           metavar="TEXT", shown_default="", commands=_RUN),
+    Option("cache_prompt", bool, True, "reuse the longest common prefix of the KV caches from the "
+           "previous request (llama-server's `cache_prompt`)", (), commands=frozenset()),
+    # -- load: the engine's models and contexts --------------------------------------------------
+    Option("n_ctx", int, 4096, "context size (KV cache, tokens) of both models; llama.cpp rounds it "
+           "up to a multiple of 256; 0 = the model's own", ("-c", "--ctx-size"), scope="load",
+           range=Range(lo=16, also=(0,)), metavar="N"),
+    Option("n_batch", int, 512, "most tokens per `llama_decode` (prompt processing is chunked)",
+           ("-b", "--batch-size"), scope="load", range=Range(lo=1), metavar="N"),
+    Option("n_threads", int, None, "CPU threads (1–512). On a machine busy with other work, fewer "
+           "threads than cores is often much faster: llama.cpp's threads spin-wait for each other",
+           ("-t", "--threads"), scope="load", range=Range(lo=1, hi=512), optional=True,
+           shown_default="all cores", metavar="N"),
+    Option("n_gpu_layers", int, -1, "verifier layers offloaded to the GPU (-1 = all; ignored by CPU "
+           "builds)", ("-ngl", "--n-gpu-layers"), scope="load", range=Range(lo=-1), metavar="N"),
+    Option("n_gpu_layers_draft", int, -1, "draft layers offloaded to the GPU (-1 = all)",
+           ("-ngld", "--n-gpu-layers-draft"), scope="load", range=Range(lo=-1), metavar="N"),
+    Option("flash_attn", str, "auto", "flash attention: auto, on, off", ("-fa", "--flash-attn"),
+           scope="load", choices=("auto", "on", "off")),
+    # -- run: output -----------------------------------------------------------------------------
+    Option("json", bool, False, "print one JSON object (text, settings, all statistics) instead of "
+           "streaming", ("--json",), scope="run", commands=_RUN),
+    Option("verbose", bool, False, "show llama.cpp's log", ("-v", "--verbose"), scope="run",
+           commands=_RUN),
+)
+
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+assert len(BY_NAME) == len(OPTIONS), "option names must be unique"
+
+
+def options_in(scope: str | Iterable[str] | None = None, command: str | None = None) -> list[Option]:
+    """The options of a scope (or scopes) and/or a command, in table order."""
+    scopes = {scope} if isinstance(scope, str) else (set(scope) if scope is not None else None)
+    return [o for o in OPTIONS if (scopes is None or o.scope in scopes)
+            and (command is None or command in o.commands)]
+
+
+def default(name: str, command: str | None = None) -> Any:
+    """The default of option ``name`` (for ``command``, when it has its own)."""
+    return BY_NAME[name].default_for(command)
+
+
+def check_value(name: str, value: Any) -> Any:
+    """``value`` if option ``name`` allows it, else InputError(param=name) saying why."""
+    problem = BY_NAME[name].problem(value)
+    if problem is not None:
+        raise InputError(f"{{{name}}} {problem}", param=name)
+    return value
+
+
+# ------------------------------------------------------------------------------------------------
+# The dataclasses the API uses, made from the table
+# ------------------------------------------------------------------------------------------------
+
+def _make(cls_name: str, scope: str, doc: str, post_init: Callable[[Any], None]) -> type:
+    opts = options_in(scope)
+    fields = [(o.name, o.type if not o.optional else o.type | None,
+               field(default=o.default) if not o.multiple else field(default=tuple(o.default)))
+              for o in opts]
+
+    def __post_init__(self) -> None:
+        for o in opts:
+            value = getattr(self, o.name)
+            if o.multiple and isinstance(value, list):
+                object.__setattr__(self, o.name, value := tuple(value))
+            check_value(o.name, value)
+        post_init(self)
+
+    def replace(self, **changes):
+        """A copy with ``changes`` applied (validated). Raises InputError for an unknown name."""
+        unknown = sorted(set(changes) - {o.name for o in opts})
+        if unknown:
+            raise InputError(f"unknown {scope} option {unknown[0]!r}", param=unknown[0])
+        return dataclasses.replace(self, **changes)
+
+    lines = [doc, "", "Fields (name: type = default; allowed values; meaning):"]
+    for o in opts:
+        allowed = (", ".join(o.choices) if o.choices else o.range.describe() if o.range else "")
+        lines.append(f"    {o.name}: {o.type.__name__} = {o.default!r}"
+                     + (f"; {allowed}" if allowed else "") + f"; {o.help}")
+    lines += ["", "Raises InputError (param = the field) for a value out of range."]
+    cls = dataclasses.make_dataclass(
+        cls_name, fields, frozen=True,
+        namespace={"__post_init__": __post_init__, "replace": replace, "__doc__": "\n".join(lines),
+                   "__module__": __name__})
+    return cls
+
+
+def _check_request(r) -> None:
+    if r.draft_min > r.k:
+        raise InputError(f"{{draft_min}} must be in [0, {{k}}={r.k}], got {r.draft_min}",
+                         param="draft_min")
+    if r.ngram_min > r.ngram_max:
+        raise InputError(f"n-gram sizes must satisfy {{ngram_min}} <= {{ngram_max}}, got "
+                         f"{r.ngram_min} > {r.ngram_max}", param="ngram_min")
+
+
+Request = _make("Request", "request",
+                "The settings of one generation: sampling warps, acceptance rule, draft length and "
+                "drafter, n_predict, stop strings, seed. Frozen; ``replace(**changes)`` derives a "
+                "new one. Units: delta in nats; seed < 0 draws a random seed.",
+                _check_request)
+LoadOptions = _make("LoadOptions", "load",
+                    "What an engine is loaded with: context size, batch size, threads, GPU "
+                    "offload and flash attention of the verifier (and the draft).",
+                    lambda _self: None)
+
+
+def validate_pairing(load, request) -> None:
+    """Checks that need both a load option and a request option.
+
+    The k + 1 verified tokens go in one ``llama_decode``, so k must be below n_batch whenever a
+    drafter is in play (with method none nothing is drafted and k does not matter).
+    Raises InputError (param "k").
+    """
+    if request.method != "none" and request.k >= load.n_batch:
+        raise InputError(f"{{k}}={request.k} must be below {{n_batch}}={load.n_batch}: the k+1 "
+                         "verified tokens go in one llama_decode (lower k or raise n_batch)",
+                         param="k", options=("k", "n_batch"))
+
+
+# ------------------------------------------------------------------------------------------------
+# The README flag table
+# ------------------------------------------------------------------------------------------------
+
+def _shown_default(o: Option, command: str) -> str:
+    if o.shown_default is not None:
+        return o.shown_default
+    d = o.default_for(command)
+    if o.type is bool:
+        return "on" if d else "off"
+    return _num(d)
+
+
+def _flag_cell(o: Option) -> str:
+    names = [f for f in o.flags if f.startswith("-")]
+    positional = [f for f in o.flags if not f.startswith("-")]
+    short = [f for f in names if not f.startswith("--")]
+    long = [f for f in names if f.startswith("--")]
+    text = "/".join(short + long)
+    if o.type is not bool and o.metavar and text:
+        text += f" {o.metavar}"
+    cells = [f"`{p}`" for p in positional] + ([f"`{text}`"] if text else [])
+    return ", ".join(cells)
+
+
+def markdown_table(command: str = "run") -> str:
+    """The Markdown flag table of ``command`` (README's ``cactus-gguf run`` table)."""
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    for o in OPTIONS:
+        if command in o.commands and o.flags:
+            rows.append(f"| {_flag_cell(o)} | {_shown_default(o, command)} | {o.help} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # python -m cactus_gguf.options [COMMAND]: print the flag table
+    import sys
+
+    print(markdown_table(sys.argv[1] if len(sys.argv) > 1 else "run"), end="")

@@ -1,0 +1,15 @@
+"""Sampling math: the parameter records, the native helper's facade and its NumPy reference.
+
+- ``params``: SamplingParams (warps) and AcceptanceParams (the acceptance rule), from options.py;
+- ``native``: ctypes facade over native/cactus_native.c (warp, sample, one verification step);
+- ``reference``: the same math in plain NumPy, which the tests and the kernel benchmark compare
+  the C against decision for decision.
+"""
+from .native import (BadDistributionError, NativeArgumentError, NativeError, NativeSampler,
+                     NonFiniteLogitsError, Rng, StepResult, binary_kl, cactus_gamma)
+from .params import (METHODS, SOLVERS, AcceptanceParams, SamplingParams, acceptance_params,
+                     sampling_params)
+
+__all__ = ["AcceptanceParams", "SamplingParams", "NativeSampler", "StepResult", "Rng",
+           "NativeError", "NativeArgumentError", "NonFiniteLogitsError", "BadDistributionError",
+           "binary_kl", "cactus_gamma", "acceptance_params", "sampling_params", "METHODS", "SOLVERS"]

@@ -1,0 +1,87 @@
+"""The two parameter sets the native helper takes, built from a :class:`~cactus_gguf.options.Request`.
+
+Their fields are options of ``options.py`` (defaults, allowed values and messages come from there);
+these frozen records are what crosses into C, so a per-token call never re-validates anything.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..options import METHODS, SOLVERS, check_value, default
+
+__all__ = ["SamplingParams", "AcceptanceParams", "METHODS", "SOLVERS", "sampling_params",
+           "acceptance_params"]
+
+
+def _validate(record) -> None:
+    for f in fields(record):
+        check_value(f.name, getattr(record, f.name))
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling warps, applied in llama.cpp's default order: top-k, top-p, min-p, temperature.
+
+    - ``temperature``: > 0 scales the logits; <= 0 means greedy (one-hot at the argmax, ties ->
+      lowest id).
+    - ``top_k``: keep the ``top_k`` largest logits (ties -> lowest id); 0 = off.
+    - ``top_p``: keep the smallest descending prefix with cumulative prob >= top_p, in (0, 1];
+      1 = off.
+    - ``min_p``: keep prob >= min_p * max prob, in [0, 1]; 0 = off.
+
+    top-p and min-p use softmax at temperature 1 over the tokens still kept. Values cross into C as
+    float32 (temperature, top_p, min_p). Defaults: ``options.py``.
+    Raises InputError (a ValueError) on an out-of-range value.
+    """
+
+    temperature: float = default("temperature")
+    top_k: int = default("top_k")
+    top_p: float = default("top_p")
+    min_p: float = default("min_p")
+
+    __post_init__ = _validate
+
+
+@dataclass(frozen=True)
+class AcceptanceParams:
+    """How the verifier accepts drafted tokens (the math: native/cactus_native.h; Hao & Mou,
+    ICLR 2026, arXiv:2604.04987).
+
+    - ``method``: ``"sps"`` (h = q, exact), ``"cactus"`` (max acceptance s.t. KL(h||q) <= delta),
+      ``"typical"`` (q[n] > min(eps, alpha exp(-H(q))), else argmax q), ``"topk"`` (n in the
+      verifier's top ``accept_top_k``), ``"greedy"`` (x ~ q; accept while x == n).
+    - ``delta``: Cactus KL budget in nats, >= 0 (0 is exactly SpS).
+    - ``solver``: Cactus gamma, ``"taylor"`` (the paper's closed form) or ``"exact"`` (binary-KL root).
+    - ``typical_epsilon``, ``typical_alpha``: >= 0 (vLLM defaults 0.09, 0.3).
+    - ``accept_top_k``: >= 1 (the authors' default 5).
+
+    Every field is validated whatever the method. Raises InputError on an out-of-range value.
+    """
+
+    method: str = default("method")
+    delta: float = default("delta")
+    solver: str = default("solver")
+    typical_epsilon: float = default("typical_epsilon")
+    typical_alpha: float = default("typical_alpha")
+    accept_top_k: int = default("accept_top_k")
+
+    def __post_init__(self) -> None:
+        _validate(self)
+        if self.method not in METHODS:  # "none" is a Request's method, not an acceptance rule
+            check_value("method", self.method)
+            raise ValueError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
+
+
+def sampling_params(request) -> SamplingParams:
+    """The warps of a Request."""
+    return SamplingParams(temperature=request.temperature, top_k=request.top_k,
+                          top_p=request.top_p, min_p=request.min_p)
+
+
+def acceptance_params(request) -> AcceptanceParams | None:
+    """The acceptance rule of a Request; None for method "none" (the verifier alone)."""
+    if request.method == "none":
+        return None
+    return AcceptanceParams(method=request.method, delta=request.delta, solver=request.solver,
+                            typical_epsilon=request.typical_epsilon,
+                            typical_alpha=request.typical_alpha, accept_top_k=request.accept_top_k)
