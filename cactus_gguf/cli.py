@@ -227,9 +227,11 @@ def models_command(as_json: bool) -> None:
             click.echo(f"    note: {m.notes}")
     click.echo()
     click.echo("Pairs")
-    rows = [["NAME", "VERIFIER", "DRAFT", "K", "DELTA", "TEMP", "TOP_K", "TOP_P"]]
-    rows += [[p.name + (" (default)" if p is reg.default_pair else ""), p.verifier, p.draft,
-              str(p.k), f"{p.delta:g}", f"{p.temperature:g}", str(p.top_k), f"{p.top_p:g}"]
+    recommendable = registry.RECOMMENDABLE  # one column each; "-" where a pair sets none
+    rows = [["NAME", "VERIFIER", "DRAFT"] + [o.upper() for o in recommendable]]
+    rows += [[p.name + (" (default)" if p is reg.default_pair else ""), p.verifier, p.draft]
+             + [f"{v:g}" if isinstance(v, float) else str(v)
+                for v in (p.settings.get(o, "-") for o in recommendable)]
              for p in reg.pairs.values()]
     for line in _table(rows):
         click.echo(line)

