@@ -76,7 +76,7 @@ class Range:
 def _num(x: Any) -> str:
     if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
         return str(int(x))
-    if isinstance(x, int) and x >= 2**32:
+    if isinstance(x, int) and x >= 2**31:
         exp = x.bit_length() - 1
         return f"2**{exp}" if x == 2**exp else str(x)
     return str(x)
@@ -173,6 +173,7 @@ _METHOD_HELP = (
     "`none` (the verifier alone: the baseline, same sampler)")
 
 _RUN = frozenset({"run"})
+_BENCH = frozenset({"bench"})
 _ALL = frozenset({"run", "bench"})
 
 OPTIONS: tuple[Option, ...] = (
@@ -191,16 +192,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("file", str, None, "read the prompt from a UTF-8 file (`-` = standard input)",
            ("-f", "--file"), scope="run", optional=True, metavar="FILE", shown_default="",
            commands=_RUN),
-    Option("chat", bool, False, "wrap the prompt as a user message in the GGUF's chat template",
-           ("--chat",), scope="run", commands=_RUN),
+    Option("chat", bool, False, "wrap the prompt as a user message in the GGUF's chat template "
+           "(bench: default on for HumanEval-style problems, `--no-chat` to turn it off)",
+           ("--chat",), scope="run", optional=True, commands=_ALL,
+           command_defaults={"bench": None}),
     # -- request: what one generation does -------------------------------------------------------
     Option("n_predict", int, 128, "tokens to generate", ("-n", "--n-predict"), range=Range(lo=1),
            metavar="N"),
     Option("k", int, 8, "draft length: tokens proposed per verification step (below `-b`)",
            ("-k", "--draft-max"), range=Range(lo=1), recommend=True, grid=True, metavar="K"),
-    Option("method", str, "cactus", _METHOD_HELP, ("--method",), choices=METHODS + ("none",)),
+    Option("method", str, "cactus", _METHOD_HELP, ("--method",), choices=METHODS + ("none",),
+           commands=_RUN),
     Option("delta", float, 1.0, "Cactus KL budget δ in nats; 0 = exactly SpS", ("--delta",),
-           range=Range(lo=0.0), recommend=True, grid=True, metavar="D"),
+           range=Range(lo=0.0), recommend=True, grid=True, metavar="D",
+           command_defaults={"bench": (0.5, 1.0, 2.0)}),
     Option("solver", str, "taylor", "Cactus γ: `taylor` (paper's closed form; can exceed δ slightly "
            "when γ > 0.5) or `exact` (binary-KL root: KL ≤ δ up to float rounding, ~1e-15)",
            ("--solver",), choices=SOLVERS),
@@ -213,7 +218,7 @@ OPTIONS: tuple[Option, ...] = (
            metavar="N"),
     Option("drafter", str, "model", "`model` (the DRAFT GGUF) or `ngram` (prompt lookup from the "
            "token history: no draft model, `cactus-gguf run VERIFIER --drafter ngram`)",
-           ("--drafter",), choices=DRAFTERS),
+           ("--drafter",), choices=DRAFTERS, commands=_RUN),
     Option("ngram_max", int, 3, "`ngram` drafter: longest n-gram looked up", ("--ngram-max",),
            range=Range(lo=1), metavar="N"),
     Option("ngram_min", int, 1, "`ngram` drafter: shortest n-gram looked up", ("--ngram-min",),
@@ -241,7 +246,7 @@ OPTIONS: tuple[Option, ...] = (
     # -- load: the engine's models and contexts --------------------------------------------------
     Option("n_ctx", int, 4096, "context size (KV cache, tokens) of both models; llama.cpp rounds it "
            "up to a multiple of 256; 0 = the model's own", ("-c", "--ctx-size"), scope="load",
-           range=Range(lo=16, also=(0,)), metavar="N"),
+           range=Range(lo=16, also=(0,), note="0 = the model's own"), metavar="N"),
     Option("n_batch", int, 512, "most tokens per `llama_decode` (prompt processing is chunked)",
            ("-b", "--batch-size"), scope="load", range=Range(lo=1), metavar="N"),
     Option("n_threads", int, None, "CPU threads (1–512). On a machine busy with other work, fewer "
@@ -249,16 +254,41 @@ OPTIONS: tuple[Option, ...] = (
            ("-t", "--threads"), scope="load", range=Range(lo=1, hi=512), optional=True,
            shown_default="all cores", metavar="N"),
     Option("n_gpu_layers", int, -1, "verifier layers offloaded to the GPU (-1 = all; ignored by CPU "
-           "builds)", ("-ngl", "--n-gpu-layers"), scope="load", range=Range(lo=-1), metavar="N"),
+           "builds)", ("-ngl", "--n-gpu-layers"), scope="load", range=Range(lo=-1, note="-1 = all"),
+           metavar="N"),
     Option("n_gpu_layers_draft", int, -1, "draft layers offloaded to the GPU (-1 = all)",
-           ("-ngld", "--n-gpu-layers-draft"), scope="load", range=Range(lo=-1), metavar="N"),
+           ("-ngld", "--n-gpu-layers-draft"), scope="load", range=Range(lo=-1, note="-1 = all"),
+           metavar="N"),
     Option("flash_attn", str, "auto", "flash attention: auto, on, off", ("-fa", "--flash-attn"),
            scope="load", choices=("auto", "on", "off")),
     # -- run: output -----------------------------------------------------------------------------
     Option("json", bool, False, "print one JSON object (text, settings, all statistics) instead of "
-           "streaming", ("--json",), scope="run", commands=_RUN),
+           "streaming", ("--json",), scope="run", commands=frozenset({"run", "models"})),
     Option("verbose", bool, False, "show llama.cpp's log", ("-v", "--verbose"), scope="run",
            commands=_RUN),
+    # -- bench: the benchmark's own ----------------------------------------------------------------
+    Option("prompts", str, None, 'JSONL prompt file, one {"prompt": ..., "id": ...} per line',
+           ("--prompts",), scope="bench", optional=True, metavar="FILE", shown_default="HumanEval",
+           commands=_BENCH),
+    Option("limit", int, None, "use only the first N prompts", ("--limit",), scope="bench",
+           range=Range(lo=1), optional=True, metavar="N", shown_default="all", commands=_BENCH),
+    Option("configs", str, None, "configurations: none, sps, cactus, typical, topk, ngram, "
+           "ngram-cactus", ("--configs",), scope="bench", grid=True, optional=True,
+           shown_default="none,sps,cactus,typical,ngram", commands=_BENCH),
+    Option("timeout", float, 5.0, "seconds allowed per pass@1 test run", ("--timeout",),
+           scope="bench", range=Range(lo=0.0, lo_open=True), metavar="S", commands=_BENCH),
+    Option("forward_repeats", int, 10, "repeats of each forward-cost probe", ("--forward-repeats",),
+           scope="bench", range=Range(lo=1), metavar="N", commands=_BENCH),
+    Option("output", str, "bench-out", "directory for bench.json, bench.md and bench.png",
+           ("-o", "--output"), scope="bench", metavar="DIR", commands=_BENCH),
+    Option("no_plot", bool, False, "do not write bench.png", ("--no-plot",), scope="bench",
+           commands=_BENCH),
+    Option("no_progress", bool, False, "hide the progress bars", ("--no-progress",), scope="bench",
+           commands=frozenset({"bench", "pull"})),
+    Option("kernels", bool, False, "instead: micro-benchmark the native verify step against the "
+           "NumPy reference", ("--kernels",), scope="bench", commands=_BENCH),
+    Option("repeats", int, 30, "`--kernels`: timed repeats per cell", ("--repeats",), scope="bench",
+           range=Range(lo=1), metavar="N", commands=_BENCH),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
@@ -298,8 +328,10 @@ def _make(cls_name: str, scope: str, doc: str, post_init: Callable[[Any], None])
     def __post_init__(self) -> None:
         for o in opts:
             value = getattr(self, o.name)
-            if o.multiple and isinstance(value, list):
-                object.__setattr__(self, o.name, value := tuple(value))
+            if o.multiple:  # one string is one value (as llama-cpp-python's stop); None is none
+                value = ((value,) if isinstance(value, str) else () if value is None
+                         else tuple(value) if isinstance(value, list) else value)
+                object.__setattr__(self, o.name, value)
             check_value(o.name, value)
         post_init(self)
 
@@ -326,10 +358,10 @@ def _make(cls_name: str, scope: str, doc: str, post_init: Callable[[Any], None])
 def _check_request(r) -> None:
     if r.draft_min > r.k:
         raise InputError(f"{{draft_min}} must be in [0, {{k}}={r.k}], got {r.draft_min}",
-                         param="draft_min")
+                         param="draft_min", options=("k",))
     if r.ngram_min > r.ngram_max:
         raise InputError(f"n-gram sizes must satisfy {{ngram_min}} <= {{ngram_max}}, got "
-                         f"{r.ngram_min} > {r.ngram_max}", param="ngram_min")
+                         f"{r.ngram_min} > {r.ngram_max}", param="ngram_min", options=("ngram_max",))
 
 
 Request = _make("Request", "request",
@@ -352,7 +384,7 @@ def validate_pairing(load, request) -> None:
     """
     if request.method != "none" and request.k >= load.n_batch:
         raise InputError(f"{{k}}={request.k} must be below {{n_batch}}={load.n_batch}: the k+1 "
-                         "verified tokens go in one llama_decode (lower k or raise n_batch)",
+                         "verified tokens go in one llama_decode (lower {k} or raise {n_batch})",
                          param="k", options=("k", "n_batch"))
 
 

@@ -4,7 +4,8 @@
   add-BOS flag, EOS id, padding, rows of the output layer zeroed, or a scripted *bigram* model whose
   next token is fixed by the current one, so a test can make llama.cpp emit chosen tokens).
 - ``KvShadow``: records the token ids each context's KV cache holds, from the decode / truncate /
-  clear calls, so tests can check "each context holds exactly the committed prefix" after every step.
+  clear calls, so tests can check "each context holds exactly the committed prefix" after every step
+  independently of the context's own bookkeeping (``Context.tokens``).
 - ``run_cli`` / ``assert_one_line_error``: the real ``python -m cactus_gguf`` in a subprocess.
 
 Vocabulary (from tests/tiny_gguf.py): V = 281 = <unk>, <s>, </s>, 256 byte tokens <0x00>..<0xFF>
@@ -128,7 +129,7 @@ def chain(tokens: Sequence[int]) -> dict[int, int]:
 # ------------------------------------------------------------------------------------------------
 
 class KvShadow:
-    """Mirror of what each LlamaModelContext's KV cache holds, kept from its decode / truncate /
+    """Mirror of what each llama Context's KV cache holds, kept from its decode / truncate /
     clear calls (install with ``KvShadow.install(monkeypatch)``). ``held(ctx)`` is the list of token
     ids at positions 0 .. n_past-1; ``decodes`` logs (ctx, tokens, n_logits) of every decode call."""
 
@@ -138,11 +139,10 @@ class KvShadow:
 
     @classmethod
     def install(cls, monkeypatch) -> "KvShadow":
-        from cactus_gguf.backend import LlamaModelContext
+        from cactus_gguf.llama import Context
 
         shadow = cls()
-        decode, truncate, clear = (LlamaModelContext.decode, LlamaModelContext.truncate,
-                                   LlamaModelContext.clear)
+        decode, truncate, clear = Context.decode, Context.truncate, Context.clear
 
         def traced_decode(self, tokens, n_logits=1):
             shadow.before_decode(self, [int(t) for t in tokens], n_logits)
@@ -162,9 +162,9 @@ class KvShadow:
             shadow.cache[id(self)] = []
             shadow.check_kv(self)
 
-        monkeypatch.setattr(LlamaModelContext, "decode", traced_decode)
-        monkeypatch.setattr(LlamaModelContext, "truncate", traced_truncate)
-        monkeypatch.setattr(LlamaModelContext, "clear", traced_clear)
+        monkeypatch.setattr(Context, "decode", traced_decode)
+        monkeypatch.setattr(Context, "truncate", traced_truncate)
+        monkeypatch.setattr(Context, "clear", traced_clear)
         return shadow
 
     def held(self, ctx) -> list[int]:
@@ -178,9 +178,10 @@ class KvShadow:
         """llama.cpp's KV cache holds exactly positions 0 .. n_past-1 of sequence 0."""
         import llama_cpp
 
-        assert ctx.kv_pos_max() == ctx.n_past - 1, (ctx.path.name, ctx.kv_pos_max(), ctx.n_past)
+        name = ctx.model.path.name
+        assert ctx.kv_pos_max() == ctx.n_past - 1, (name, ctx.kv_pos_max(), ctx.n_past)
         pos_min = llama_cpp.llama_memory_seq_pos_min(ctx.memory, 0)
-        assert pos_min == (0 if ctx.n_past else -1), (ctx.path.name, pos_min)
+        assert pos_min == (0 if ctx.n_past else -1), (name, pos_min)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -194,13 +195,17 @@ def rss_mib() -> float:
 
 
 def memory_slope(samples: Sequence[float]) -> float:
-    """Trend of resident-memory samples taken at equal steps, MiB per step: the Theil-Sen slope
-    (the median of the pairwise slopes), which the allocator's jumps cannot move: a few samples
-    tens of MiB off (freed arenas handed back late, repacked buffers landing elsewhere) leave it
-    at ~0, while a leak of L MiB per step gives ~L."""
+    """Growth of resident-memory samples taken at equal steps, MiB per step, measured so that the
+    allocator's jumps do not read as a leak: the smaller of the Theil-Sen slopes (median of the
+    pairwise slopes) of the first and the second half. A transient spike moves neither (a median
+    ignores it); a lasting jump (+4 MiB after some cycle, seen with no leak at all: glibc hands freed
+    arenas back late, repacked buffers land elsewhere) lies within one half and leaves the other
+    flat; a leak of L MiB per step raises both to ~L."""
     from scipy.stats import theilslopes
 
-    return float(theilslopes(np.asarray(samples, dtype=np.float64)).slope)
+    a = np.asarray(samples, dtype=np.float64)
+    half = len(a) // 2
+    return float(min(theilslopes(a[:half]).slope, theilslopes(a[half:]).slope))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -239,29 +244,29 @@ def assert_one_line_error(r: subprocess.CompletedProcess, *fragments: str) -> st
 
 def ctx(n_ctx: int = 512, n_batch: int = 64):
     """ContextOptions for tiny models: one thread (the machine is shared; two OpenMP threads spin)."""
-    from cactus_gguf.backend import ContextOptions
+    from cactus_gguf.llama import ContextOptions
 
     return ContextOptions(n_ctx=n_ctx, n_batch=n_batch, n_threads=1)
 
 
-def make_decoder(ver, dft=None, *, k: int = 4, method: str = "cactus", delta: float = 1.0,
-                 solver: str = "taylor", temp: float = 0.8, top_k: int = 0, top_p: float = 1.0,
-                 min_p: float = 0.0, drafter: str = "model", context=None, draft_context=None):
-    """A SpeculativeDecoder over tiny models; method "none" = the verifier alone."""
-    from cactus_gguf.decoding import DecoderConfig, SpeculativeDecoder
-    from cactus_gguf.sampling import AcceptanceParams, SamplingParams
+def make_engine(ver, dft=None, *, temp: float = 0.8, top_k: int = 0, top_p: float = 1.0,
+                min_p: float = 0.0, context=None, draft_context=None, **request):
+    """An Engine over tiny models whose default Request has these warps and ``request`` fields
+    (k, method, delta, solver, drafter, ...); the draft is loaded only when the model drafter is
+    in play (method "none" = the verifier alone). ``context``: ContextOptions (default ctx())."""
+    from cactus_gguf.options import LoadOptions, Request
+    from cactus_gguf.spec import Engine
 
-    acc = None if method == "none" else AcceptanceParams(method=method, delta=delta, solver=solver)
-    cfg = DecoderConfig(k=k, acceptance=acc, drafter=drafter,
-                        sampling=SamplingParams(temperature=temp, top_k=top_k, top_p=top_p,
-                                                min_p=min_p),
-                        context=context or ctx(), draft_context=draft_context)
-    use_draft = acc is not None and drafter == "model"
-    return SpeculativeDecoder(ver, dft if use_draft else None, cfg)
+    req = Request(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                  **{"k": 4, "method": "cactus", **request})
+    c = context or ctx()
+    load = LoadOptions(n_ctx=c.n_ctx, n_batch=c.n_batch, n_threads=c.n_threads)
+    use_draft = req.method != "none" and req.drafter == "model"
+    return Engine(ver, dft if use_draft else None, load, defaults=req, draft_context=draft_context)
 
 
 class StepLog:
-    """Records every NativeSampler.verify call of the loop (install with ``StepLog.install``):
+    """Records every NativeSampler.verify call of the engine's steps (install with ``StepLog.install``):
     ``steps`` is a list of (n_drafted, n_accepted, draft_probs copy or None, draft tokens)."""
 
     def __init__(self) -> None:

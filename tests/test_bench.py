@@ -1,4 +1,4 @@
-"""The benchmark layer (cactus_gguf/bench.py) on the tiny GGUF pair: interleaved runs, the report,
+"""The benchmark layer (cactus_gguf/bench/) on the tiny GGUF pair: interleaved runs, the report,
 the statistics as pure functions with exact numbers, HumanEval pass@1 scoring, the plot, the CLI."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from cactus_gguf import bench
 from cactus_gguf.cli import main
-from cactus_gguf.decoding import SpeculativeDecoder
+from cactus_gguf.spec import Engine
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STUB = 'def add(a, b):\n    """Return a + b."""\n'
@@ -27,42 +27,41 @@ def prompt_file(tmp_path_factory):
     return path
 
 
-METHODS = ("none", "sps", "cactus", "typical") + (("ngram",) if bench.has_ngram_drafter() else ())
+METHODS = ("none", "sps", "cactus", "typical", "ngram")
+DELTAS = (0.5, 1.0, 2.0)
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_pair, prompt_file, tmp_path_factory):
     """One bench run on the tiny pair; every generate call records the config it ran under."""
     ver, dft = tiny_pair
-    plan = bench.plan_bench(bench.BenchRequest(
-        verifier=str(ver), draft=str(dft), prompts_file=str(prompt_file), n_predict=8,
-        methods=METHODS, deltas=(0.5, 1.0, 2.0), ks=(3,), n_ctx=256, n_threads=1,
-        forward_repeats=1, timeout=10.0, warmup=False))
+    plan = bench.plan_bench(dict(
+        model=str(ver), model_draft=str(dft), prompts=str(prompt_file), n_predict=8,
+        configs=METHODS, delta=DELTAS, k=(3,), n_ctx=256, n_threads=1,
+        forward_repeats=1, timeout=10.0), warmup=False)
     seen = []
-    original = SpeculativeDecoder.generate
+    original = Engine.generate
 
-    def recording(self, prompt, **kw):
-        a = self.config.acceptance
-        seen.append((None if a is None else a.method, None if a is None else a.delta,
-                     getattr(self.config, "drafter", "model"), kw.get("seed")))
-        return original(self, prompt, **kw)
+    def recording(self, prompt, request=None, **kw):
+        r = self.request(request, **kw)
+        seen.append((None if r.method == "none" else r.method, r.delta, r.drafter, r.seed,
+                     r.cache_prompt))
+        return original(self, prompt, request, **kw)
 
-    SpeculativeDecoder.generate = recording
+    Engine.generate = recording
     try:
         report = bench.run_bench(plan, progress=False)
     finally:
-        SpeculativeDecoder.generate = original
+        Engine.generate = original
     out = tmp_path_factory.mktemp("bench-out")
     written = bench.write_report(report, out)
     return plan, report, seen, written
 
 
 def test_default_configs_cover_every_method():
-    ids = [c["id"] for c in bench.config_grid(bench.default_methods(), bench.DEFAULT_DELTAS, (4,))]
-    expected = ["none", "sps-k4", "cactus-d0.5-k4", "cactus-d1-k4", "cactus-d2-k4", "typical-k4"]
-    if bench.has_ngram_drafter():
-        expected.append("ngram-k4")
-    assert ids == expected
+    ids = [c["id"] for c in bench.config_grid(bench.default_methods(), DELTAS, (4,))]
+    assert ids == ["none", "sps-k4", "cactus-d0.5-k4", "cactus-d1-k4", "cactus-d2-k4", "typical-k4",
+                   "ngram-k4"]
     two_k = bench.config_grid(("none", "sps"), (), (4, 8))
     assert [c["label"] for c in two_k] == ["none", "sps k=4", "sps k=8"]
     with pytest.raises(ValueError, match="unknown configuration"):
@@ -85,9 +84,10 @@ def test_runs_are_interleaved_in_rotated_order(tiny_run):
     assert [r["index"] for r in report["runs"]] == list(range(len(expected)))
     # the decoder really ran under each configuration, in that order, with the prompt's seed
     by_id = {c["id"]: c for c in plan.configs}
-    for (method, delta, drafter, seed), (pi, cid) in zip(seen, [(i, c) for i, (_, c) in enumerate(expected)]):
+    for (method, delta, drafter, seed, reuse), (pi, cid) in zip(seen, [(i, c) for i, (_, c) in enumerate(expected)]):
         c = by_id[cid]
         assert method == c["acceptance"]
+        assert reuse is False  # every run decodes its prompt: no configuration gets it for free
         assert seed == plan.seed + pi // C
         if c["method"] == "cactus":
             assert delta == c["delta"]
@@ -195,9 +195,11 @@ def test_pass_at_1_scores_a_correct_and_a_wrong_completion():
     assert bench.check_completion(problem, good) == (True, "passed")
     assert bench.check_completion(problem, bad)[0] is False
     # the fallback runner (used when the harness does not execute) agrees
-    assert bench._check_in_subprocess(problem, good, 10.0) == (True, "passed")
-    assert bench._check_in_subprocess(problem, bad, 10.0)[0] is False
-    assert bench._check_in_subprocess(problem, "\n    while True:\n        pass\n", 1.0) == (
+    from cactus_gguf.bench.scoring import _check_in_subprocess
+
+    assert _check_in_subprocess(problem, good, 10.0) == (True, "passed")
+    assert _check_in_subprocess(problem, bad, 10.0)[0] is False
+    assert _check_in_subprocess(problem, "\n    while True:\n        pass\n", 1.0) == (
         False, "timed out")
 
 
@@ -227,11 +229,10 @@ def test_prompt_file_errors_name_the_line(tmp_path):
 
 def test_plan_without_draft_runs_only_draft_free_configs(tiny_pair, prompt_file):
     ver, _ = tiny_pair
-    plan = bench.plan_bench(bench.BenchRequest(verifier=str(ver), prompts_file=str(prompt_file)))
+    plan = bench.plan_bench(dict(model=str(ver), prompts=str(prompt_file)))
     assert {c["method"] for c in plan.configs} <= {"none", "ngram"}
     with pytest.raises(ValueError, match="needs a DRAFT"):
-        bench.plan_bench(bench.BenchRequest(verifier=str(ver), prompts_file=str(prompt_file),
-                                            methods=("none", "sps")))
+        bench.plan_bench(dict(model=str(ver), prompts=str(prompt_file), configs=("none", "sps")))
 
 
 # -- CLI and kernels ------------------------------------------------------------------------------
@@ -240,7 +241,7 @@ def test_cli_bench_writes_table_json_and_plot(tiny_pair, prompt_file, tmp_path):
     ver, dft = tiny_pair
     out = tmp_path / "out"
     r = CliRunner().invoke(main, ["bench", str(ver), str(dft), "--prompts", str(prompt_file),
-                                  "--limit", "1", "-n", "4", "--configs", "none,sps", "--k", "2",
+                                  "--limit", "1", "-n", "4", "--configs", "none,sps", "-k", "2",
                                   "-c", "256", "-t", "1", "--forward-repeats", "1",
                                   "--no-progress", "-o", str(out)])
     assert r.exit_code == 0, r.output

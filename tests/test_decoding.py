@@ -1,7 +1,7 @@
 """The decoding loop on tiny generated GGUF models that llama.cpp loads and runs for real.
 
 Statistical tests use Pearson's chi-square at significance alpha = 0.001 with fixed seeds, so each
-is deterministic; the expected distributions come from the NumPy reference (tests/reference.py).
+is deterministic; the expected distributions come from the NumPy reference (cactus_gguf/sampling/reference.py).
 """
 from __future__ import annotations
 
@@ -9,32 +9,29 @@ import numpy as np
 import pytest
 from scipy import stats as sps_stats
 
-from cactus_gguf.backend import ContextOptions, LlamaModelContext
-from cactus_gguf.decoding import DecoderConfig, SpeculativeDecoder, VocabMismatchError
+from cactus_gguf.llama import Context, ContextOptions
 from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams
-
 from cactus_gguf.sampling import reference
+from cactus_gguf.spec import VocabMismatchError
+
+from reliability_support import make_engine
 
 ALPHA = 0.001
 CTX = ContextOptions(n_ctx=512, n_batch=64, n_threads=1)
 PROMPT = "the cat sat on"
 
 
-def decoder(ver, dft, *, k=4, method="cactus", delta=1.0, solver="taylor", temp=1.0, top_k=8,
-            top_p=1.0, min_p=0.0, n_ctx=512):
-    acc = None if method == "none" else AcceptanceParams(method=method, delta=delta, solver=solver)
-    cfg = DecoderConfig(k=k, acceptance=acc,
-                        sampling=SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
-                        context=ContextOptions(n_ctx=n_ctx, n_batch=64, n_threads=1))
-    return SpeculativeDecoder(ver, dft if acc is not None else None, cfg)
+def decoder(ver, dft, *, temp=1.0, top_k=8, **kw):
+    """An engine over the tiny pair at temperature 1, top-k 8 unless told otherwise."""
+    return make_engine(ver, dft, temp=temp, top_k=top_k, **kw)
 
 
 def first_position_dists(ver_path, dft_path, sampling):
     """Warped verifier and draft distributions q, p (float32 [V]) after PROMPT."""
     out = []
     for path in (ver_path, dft_path):
-        with LlamaModelContext(path, context_options=CTX) as m:
-            toks = m.tokenize(PROMPT)
+        with Context.load(path, context_options=CTX) as m:
+            toks = m.model.tokenize(PROMPT)
             row = np.array(m.decode(toks, 1)[0])
             out.append(NativeSampler(m.n_vocab, sampling, AcceptanceParams(), 0).warp(row))
     return out
@@ -44,7 +41,7 @@ def first_token_histogram(dec, n_runs, V):
     counts = np.zeros(V, np.int64)
     for seed in range(n_runs):
         res = dec.generate(PROMPT, n_predict=2, seed=seed)
-        counts[res.tokens[0] if res.tokens else dec.verifier.eos] += 1
+        counts[res.tokens[0] if res.tokens else dec.verifier.model.eos] += 1
     return counts
 
 
@@ -136,7 +133,7 @@ def test_kv_cache_rollback_matches_fresh_prefill(tiny_pair):
         assert v.n_past == len(committed) - 1
         assert v.kv_pos_max() == v.n_past - 1
         after_loop = np.array(v.decode(committed[-1:], 1)[0])
-    with LlamaModelContext(ver, context_options=CTX) as fresh:
+    with Context.load(ver, context_options=CTX) as fresh:
         fresh_row = np.array(fresh.decode(committed, 1)[0])
         # control: one wrong token in the middle of the cache moves the logits far more
         fresh.clear()

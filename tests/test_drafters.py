@@ -7,14 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cactus_gguf.backend import LlamaModelContext
-from cactus_gguf.decoding import DecoderConfig, NgramDrafter, SpeculativeDecoder
 from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams
-
 from cactus_gguf.sampling import reference
-from test_decoding import ALPHA, CTX, chisquare_pvalue
+from cactus_gguf.spec import FixedDraftLength, NgramDrafter
+
+from reliability_support import make_engine
+from test_decoding import ALPHA, chisquare_pvalue
 
 SAMPLING = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
+WARPS = dict(temp=1.0, top_k=8, top_p=1.0, min_p=0.0)
 
 
 def test_ngram_lookup_proposes_what_followed_the_latest_match():
@@ -23,10 +24,11 @@ def test_ngram_lookup_proposes_what_followed_the_latest_match():
     history = [5, 6, 7, 8, 9, 1, 6, 7, 8, 2, 3, 6, 7]
     # longest suffix found earlier: [6, 7] at index 6 (the latest), followed by 8, 2, 3, 6
     # ([7] alone would also match, but the longer n-gram wins)
-    n = d.propose(history, 4, None, None, tokens)
+    policy = FixedDraftLength(4)
+    n = d.propose(history, 4, None, policy, None, tokens)
     assert tokens[:n].tolist() == [8, 2, 3, 6]
-    assert d.propose([1, 2, 3], 4, None, None, tokens) == 0  # no earlier occurrence
-    n = d.propose([4, 4, 4], 4, None, None, tokens)  # [4, 4] at 0 is followed by one token
+    assert d.propose([1, 2, 3], 4, None, policy, None, tokens) == 0  # no earlier occurrence
+    n = d.propose([4, 4, 4], 4, None, policy, None, tokens)  # [4, 4] at 0 is followed by one token
     assert tokens[:n].tolist() == [4]
 
 
@@ -35,12 +37,10 @@ def test_ngram_drafter_first_token_distribution(tiny_pair, method, delta):
     """With a deterministic drafter p is one-hot at the drafted token n: Cactus accepts with h[n]."""
     ver, _ = tiny_pair
     prompt = "the cat sat on the mat the cat sat on"
-    cfg = DecoderConfig(k=1, drafter="ngram", sampling=SAMPLING, context=CTX,
-                        acceptance=AcceptanceParams(method=method, delta=delta))
-    with SpeculativeDecoder(ver, None, cfg) as dec:
+    with make_engine(ver, k=1, drafter="ngram", method=method, delta=delta, **WARPS) as dec:
         ids = dec.tokenize(prompt)
         probe = np.zeros(1, np.int32)
-        assert NgramDrafter(3, 1).propose(ids, 1, None, None, probe) == 1
+        assert NgramDrafter(3, 1).propose(ids, 1, None, FixedDraftLength(1), None, probe) == 1
         drafted = int(probe[0])
         row = np.array(dec.verifier.decode(ids, 1)[0])
         q = NativeSampler(dec.verifier.n_vocab, SAMPLING, AcceptanceParams(), 0).warp(row)
@@ -48,7 +48,7 @@ def test_ngram_drafter_first_token_distribution(tiny_pair, method, delta):
         for seed in range(4000):
             res = dec.generate(prompt, n_predict=2, seed=seed)
             assert res.stats.n_drafted == 1
-            counts[res.tokens[0] if res.tokens else dec.verifier.eos] += 1
+            counts[res.tokens[0] if res.tokens else dec.verifier.model.eos] += 1
     expected = reference.emitted_first_token_distribution(None, q, method, delta=delta,
                                                           drafted=drafted)
     assert chisquare_pvalue(counts, expected) > ALPHA
@@ -58,9 +58,8 @@ def test_draft_p_min_and_draft_min_shorten_or_drop_drafts(tiny_pair):
     ver, dft = tiny_pair
 
     def stats(**kw):
-        cfg = DecoderConfig(k=4, sampling=SAMPLING, context=CTX, **kw)
-        with SpeculativeDecoder(ver, dft, cfg) as dec:
-            return dec.generate("the cat sat on", n_predict=60, seed=1).stats
+        with make_engine(ver, dft, k=4, **WARPS) as dec:
+            return dec.generate("the cat sat on", n_predict=60, seed=1, **kw).stats
 
     full = stats()
     assert full.mean_drafted_length > 3.0
@@ -75,10 +74,8 @@ def test_draft_p_min_and_draft_min_shorten_or_drop_drafts(tiny_pair):
 def test_exact_solver_never_exceeds_the_budget_and_sps_pays_nothing(tiny_pair, delta):
     ver, dft = tiny_pair
     for method, solver in (("cactus", "exact"), ("cactus", "taylor"), ("sps", "taylor")):
-        cfg = DecoderConfig(k=4, sampling=SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
-                            context=CTX, acceptance=AcceptanceParams(method=method, delta=delta,
-                                                                     solver=solver))
-        with SpeculativeDecoder(ver, dft, cfg) as dec:
+        with make_engine(ver, dft, k=4, temp=1.0, method=method, delta=delta,
+                         solver=solver) as dec:
             s = dec.generate("the cat sat on", n_predict=100, seed=2).stats
         assert s.n_evaluated > 20
         if method == "sps":

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from cactus_gguf.backend import ContextOptions
-from cactus_gguf.decoding import DecoderConfig, SpeculativeDecoder
-from cactus_gguf.sampling import AcceptanceParams, SamplingParams
+from cactus_gguf.options import LoadOptions, Request
+from cactus_gguf.spec import Engine
 
-PAPER_SAMPLING = SamplingParams(temperature=0.6, top_k=20, top_p=0.95, min_p=0.0)
+PAPER_SAMPLING = dict(temperature=0.6, top_k=20, top_p=0.95, min_p=0.0)
+GREEDY = dict(temperature=0.0)
 PROMPTS = ["def fibonacci(n):", "Write a short story about a robot:",
            "import numpy as np\n\ndef normalize(v):", "The three laws of thermodynamics are"]
 
@@ -19,34 +19,23 @@ PROMPTS = ["def fibonacci(n):", "Write a short story about a robot:",
 @pytest.fixture(scope="module")
 def real(qwen_pair):
     ver, dft = qwen_pair
-    cfg = DecoderConfig(k=4, sampling=PAPER_SAMPLING, context=ContextOptions(n_ctx=1024))
-    with SpeculativeDecoder(ver, dft, cfg) as dec:
+    with Engine(ver, dft, LoadOptions(n_ctx=1024), defaults=Request(k=4, **PAPER_SAMPLING)) as dec:
         yield dec
 
 
-def with_config(dec, **changes):
-    """The same loaded models under another config (the decoder reads its config per call)."""
-    from dataclasses import replace
-    dec.config = replace(dec.config, **changes)
-    return dec
-
-
 def test_temperature_zero_equals_verifier_alone(real):
-    greedy = SamplingParams(temperature=0.0)
-    base = with_config(real, acceptance=None, sampling=greedy).generate(
-        "def quicksort(arr):", n_predict=96, seed=0)
+    base = real.generate("def quicksort(arr):", n_predict=96, seed=0, method="none", **GREEDY)
     for k in (1, 4, 8):
-        spec = with_config(real, k=k, acceptance=AcceptanceParams(method="cactus", delta=1.0),
-                           sampling=greedy).generate("def quicksort(arr):", n_predict=96, seed=5)
+        spec = real.generate("def quicksort(arr):", n_predict=96, seed=5, k=k, method="cactus",
+                             delta=1.0, **GREEDY)
         assert spec.tokens == base.tokens, f"k={k}"
         assert spec.stats.acceptance_rate > 0.5  # the 0.5B draft mostly agrees with the 1.5B
     assert "return" in base.text
 
 
 def test_same_seed_same_text(real):
-    cfg = dict(acceptance=AcceptanceParams(method="cactus", delta=1.0), sampling=PAPER_SAMPLING)
-    a = with_config(real, **cfg).generate(PROMPTS[1], n_predict=48, seed=42)
-    b = with_config(real, **cfg).generate(PROMPTS[1], n_predict=48, seed=42)
+    a = real.generate(PROMPTS[1], n_predict=48, seed=42, method="cactus", delta=1.0)
+    b = real.generate(PROMPTS[1], n_predict=48, seed=42, method="cactus", delta=1.0)
     assert a.text == b.text and a.tokens == b.tokens
 
 
@@ -54,11 +43,10 @@ def test_cactus_accepts_more_than_sps(real):
     """Mean acceptance length at delta = 1 exceeds delta = 0 (= SpS) at the paper's sampling."""
     accepted = {}
     for delta in (0.0, 1.0):
-        dec = with_config(real, k=4, acceptance=AcceptanceParams(method="cactus", delta=delta),
-                          sampling=PAPER_SAMPLING)
         n_acc = n_steps = 0
         for i, prompt in enumerate(PROMPTS):
-            s = dec.generate(prompt, n_predict=64, seed=100 + i).stats
+            s = real.generate(prompt, n_predict=64, seed=100 + i, k=4, method="cactus",
+                              delta=delta).stats
             n_acc += s.n_accepted
             n_steps += s.n_steps
         accepted[delta] = n_acc / n_steps
@@ -66,11 +54,10 @@ def test_cactus_accepts_more_than_sps(real):
 
 
 def test_chat_template_and_stop_string(real):
-    dec = with_config(real, acceptance=AcceptanceParams(method="cactus"), sampling=SamplingParams(temperature=0.0))
-    res = dec.chat([{"role": "user", "content": "Write a Python function that adds two numbers."}],
-                   n_predict=128, seed=0)
+    res = real.chat([{"role": "user", "content": "Write a Python function that adds two numbers."}],
+                    n_predict=128, seed=0, method="cactus", **GREEDY)
     assert res.stop_reason in ("eos", "length") and "def " in res.text
-    cut = dec.generate("def add(a, b):\n", n_predict=64, stop=["return"], seed=0)
+    cut = real.generate("def add(a, b):\n", n_predict=64, stop=["return"], seed=0, **GREEDY)
     assert cut.stop_reason == "stop" and "return" not in cut.text
 
 

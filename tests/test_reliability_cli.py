@@ -86,32 +86,33 @@ def test_different_vocabularies_are_a_one_line_error(files):
 
 # ---- bad numbers and flags: rejected before any model is touched ------------------------------------
 
-PARAM_CASES = [
-    (["-k", "0"], "draft length k must be an integer >= 1, got 0"),
-    (["-k", "-3"], "draft length k"),
-    (["--delta", "-1"], "--delta must be a number >= 0"),
-    (["--delta", "nan"], "--delta must be a number >= 0"),
-    (["--temp", "nan"], "temperature must be a number"),
-    (["--top-p", "0"], "top_p must be in (0, 1]"),
-    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
-    (["--top-p", "nan"], "top_p must be in (0, 1]"),
-    (["--top-k", "-1"], "top_k must be an integer >= 0"),
-    (["--min-p", "2"], "min_p must be in [0, 1]"),
-    (["-c", "8"], "n_ctx must be 0 (model default) or >= 16"),
-    (["-c", "-1"], "n_ctx must be 0"),
-    (["-b", "0"], "n_batch must be >= 1"),
-    (["-t", "0"], "n_threads must be in [1, 512]"),
-    (["-t", "100000"], "n_threads must be in [1, 512]"),
-    (["-k", "8", "-b", "8"], "draft length k=8 must be below the batch size n_batch=8"),
-    (["-k", "100000"], "draft length k=100000 must be below the batch size"),
+PARAM_CASES = [  # every message names the flag (options.py says how)
+    (["-k", "0"], "-k/--draft-max must be >= 1, got 0"),
+    (["-k", "-3"], "-k/--draft-max must be >= 1"),
+    (["--delta", "-1"], "--delta must be >= 0, got -1"),
+    (["--delta", "nan"], "--delta must be >= 0, got nan"),
+    (["--temp", "nan"], "--temp must be a number (<= 0 = greedy), got nan"),
+    (["--top-p", "0"], "--top-p must be in (0, 1] (1 = off), got 0"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["--top-p", "nan"], "--top-p must be in (0, 1]"),
+    (["--top-k", "-1"], "--top-k must be in [0, 2**31) (0 = off), got -1"),
+    (["--min-p", "2"], "--min-p must be in [0, 1] (0 = off), got 2"),
+    (["-c", "8"], "-c/--ctx-size must be 0 or >= 16 (0 = the model's own), got 8"),
+    (["-c", "-1"], "-c/--ctx-size must be 0 or >= 16"),
+    (["-b", "0"], "-b/--batch-size must be >= 1, got 0"),
+    (["-t", "0"], "-t/--threads must be in [1, 512], got 0"),
+    (["-t", "100000"], "-t/--threads must be in [1, 512]"),
+    (["-k", "8", "-b", "8"], "-k/--draft-max=8 must be below -b/--batch-size=8"),
+    (["-k", "100000"], "-k/--draft-max=100000 must be below -b/--batch-size=512"),
     (["-n", "0"], "-n/--n-predict must be >= 1"),
-    (["-s", str(2**64)], "-s/--seed must be an integer below 2**64"),
-    (["-ngl", "-2"], "n_gpu_layers must be -1 (all) or >= 0"),
-    (["--draft-min", "9", "-k", "4"], "draft_min must be an integer in [0, k=4]"),
-    (["--draft-p-min", "2"], "draft_p_min must be in [0, 1]"),
-    (["--typical-epsilon", "-1"], "typical_epsilon must be >= 0"),
-    (["--accept-top-k", "0"], "accept_top_k must be an integer >= 1"),
-    (["--ngram-min", "0"], "n-gram sizes"),
+    (["-s", str(2**64)], "-s/--seed must be < 2**64"),
+    (["-ngl", "-2"], "-ngl/--n-gpu-layers must be >= -1 (-1 = all), got -2"),
+    (["--draft-min", "9", "-k", "4"], "--draft-min must be in [0, -k/--draft-max=4], got 9"),
+    (["--draft-p-min", "2"], "--draft-p-min must be in [0, 1]"),
+    (["--typical-epsilon", "-1"], "--typical-epsilon must be >= 0"),
+    (["--accept-top-k", "0"], "--accept-top-k must be in [1, 2**31), got 0"),
+    (["--ngram-min", "0"], "--ngram-min must be >= 1"),
+    (["--ngram-min", "4"], "n-gram sizes must satisfy --ngram-min <= --ngram-max, got 4 > 3"),
     (["-k", "abc"], "Invalid value for '-k' / '--draft-max': 'abc' is not a valid integer"),
     (["--temp", "warm"], "is not a valid float"),
     (["--method", "eagle"], "Invalid value for '--method'"),
@@ -129,11 +130,11 @@ def test_bad_parameter_is_a_one_line_error_before_any_model_loads(args, fragment
 PROMPT_CASES = [
     (["-p", ""], "the prompt is empty"),
     (["-p", "   \n"], "the prompt is empty"),
-    ([], "no prompt: give one with -p TEXT or -f FILE"),
+    ([], "no prompt: give one with -p/--prompt TEXT or -f/--file FILE"),
     (["-f", "latin1"], "is not UTF-8 text (bad byte at offset 3)"),
     (["-f", "/nonexistent/prompt.txt"], "prompt file not found"),
     (["-f", "prompt_dir"], "is a directory"),
-    (["-p", "hi", "-f", "latin1"], "give the prompt with -p or -f, not both"),
+    (["-p", "hi", "-f", "latin1"], "give the prompt with -p/--prompt or -f/--file, not both"),
 ]
 
 
@@ -148,7 +149,8 @@ def test_bad_prompt_is_a_one_line_error(files, args, fragment):
 def test_prompt_longer_than_the_context_is_a_one_line_error(files):
     r = run_cli("run", files["ver"], files["dft"], "-f", files["long_prompt"], "-c", "256",
                 "-t", "1")
-    assert_one_line_error(r, "tokens but n_ctx is 256: raise -c/--ctx-size or shorten the prompt")
+    assert_one_line_error(r, "tokens and -c/--ctx-size is 256: raise -c/--ctx-size above")
+    assert r.returncode == 2  # valid, but does not fit: a capacity error
 
 
 def test_invalid_parameters_never_construct_a_model(files, monkeypatch):
@@ -156,13 +158,13 @@ def test_invalid_parameters_never_construct_a_model(files, monkeypatch):
     with exit code 1 first."""
     from click.testing import CliRunner
 
-    from cactus_gguf import backend, cli, decoding, registry
+    from cactus_gguf import cli, registry
+    from cactus_gguf.llama import Model
 
     def boom(*a, **kw):
         raise AssertionError("a model was touched before the parameters were validated")
 
-    monkeypatch.setattr(decoding, "LlamaModelContext", boom)
-    monkeypatch.setattr(backend, "LlamaModelContext", boom)
+    monkeypatch.setattr(Model, "__init__", boom)
     monkeypatch.setattr(registry, "resolve_model", boom)
     runner = CliRunner()
     for args, fragment in PARAM_CASES:
@@ -221,14 +223,15 @@ def test_ctrl_c_during_generation_exits_130_keeping_the_text(files):
 def test_ctrl_c_inside_the_llama_log_callback_is_deferred_not_lost(monkeypatch):
     """A KeyboardInterrupt raised inside a ctypes callback cannot cross llama.cpp's C frames:
     ctypes prints "Exception ignored" and drops it (the Ctrl-C was lost and a model load or a long
-    generation went on). The backend's SIGINT handler re-posts it instead."""
-    from cactus_gguf import backend
+    generation went on). The CLI's SIGINT handler re-posts it instead."""
+    from cactus_gguf import cli
+    from cactus_gguf.llama import log
 
-    old = signal.signal(signal.SIGINT, backend._sigint_handler)
+    old = signal.signal(signal.SIGINT, cli._sigint)
     try:
-        monkeypatch.setattr(backend._llama_log, "log",
-                            lambda *a: backend._sigint_handler(signal.SIGINT, sys._getframe()))
-        backend._log_message(4, b"a llama.cpp error line", None)  # Ctrl-C lands in the callback
+        monkeypatch.setattr(log._llama_log, "log",
+                            lambda *a: cli._sigint(signal.SIGINT, sys._getframe()))
+        log._log_message(4, b"a llama.cpp error line", None)  # Ctrl-C lands in the callback
         t0 = time.perf_counter()
         with pytest.raises(KeyboardInterrupt):
             for _ in range(200):  # ... and is delivered in Python code shortly after
@@ -236,23 +239,26 @@ def test_ctrl_c_inside_the_llama_log_callback_is_deferred_not_lost(monkeypatch):
         assert time.perf_counter() - t0 < 1.0
         # outside the callback: Python's default behaviour
         with pytest.raises(KeyboardInterrupt):
-            backend._sigint_handler(signal.SIGINT, sys._getframe())
+            cli._sigint(signal.SIGINT, sys._getframe())
     finally:
         signal.signal(signal.SIGINT, old)
 
 
 def test_the_handler_is_installed_only_over_python_default(files):
-    """Loading a model installs it where SIGINT had Python's default handler, and leaves an
-    application's own handler alone."""
+    """The library installs no SIGINT handler (loading a model leaves it as it was); the CLI's
+    bridge goes only where SIGINT had Python's default handler, never over an application's."""
     code = ("import signal, sys\n"
-            "from cactus_gguf import backend\n"
+            "from cactus_gguf import cli\n"
+            "from cactus_gguf.llama import Context, ContextOptions\n"
             "own = sys.argv[2] == 'own'\n"
             "mine = lambda *a: None\n"
             "if own: signal.signal(signal.SIGINT, mine)\n"
-            "backend.LlamaModelContext(sys.argv[1], context_options=backend.ContextOptions("
-            "n_ctx=256, n_threads=1)).close()\n"
+            "before = signal.getsignal(signal.SIGINT)\n"
+            "Context.load(sys.argv[1], context_options=ContextOptions(n_ctx=256, n_threads=1)).close()\n"
+            "untouched = signal.getsignal(signal.SIGINT) is before\n"
+            "cli.install_sigint_bridge()\n"
             "h = signal.getsignal(signal.SIGINT)\n"
-            "print(h is (mine if own else backend._sigint_handler))\n")
+            "print(untouched and h is (mine if own else cli._sigint))\n")
     for mode in ("default", "own"):
         r = subprocess.run([sys.executable, "-c", code, str(files["ver"]), mode],
                            capture_output=True, text=True, env=cli_env(), timeout=60)
@@ -262,23 +268,24 @@ def test_the_handler_is_installed_only_over_python_default(files):
 def test_a_context_larger_than_memory_is_a_one_line_error_not_an_oom_kill(files):
     t0 = time.perf_counter()
     r = run_cli("run", files["ver"], files["dft"], "-p", "hello", "-c", "1000000000", "-t", "1")
-    assert_one_line_error(r, "n_ctx=1000000000 needs about", "GiB of KV cache", "lower -c/--ctx-size")
+    assert_one_line_error(r, "-c/--ctx-size=1000000000 needs about", "GiB of KV cache",
+                          "lower -c/--ctx-size")
+    assert r.returncode == 2
     assert time.perf_counter() - t0 < 30
 
 
 def test_kv_cache_guard_refuses_exactly_above_physical_memory(files, monkeypatch):
-    from cactus_gguf import backend
+    from cactus_gguf.llama import Context, ContextOptions, KvCacheTooLargeError, context
 
-    with backend.LlamaModelContext(files["ver"], context_options=backend.ContextOptions(
-            n_ctx=4096, n_threads=1)) as m:
-        est = backend._kv_cache_bytes(m.model_ptr, m.n_ctx)
+    with Context.load(files["ver"], context_options=ContextOptions(n_ctx=4096, n_threads=1)) as m:
+        est = m.model.kv_cache_bytes(m.n_ctx)
     assert est == 4096 * 2 * 2 * 64 * 2  # n_ctx x 2 layers x (K + V) x 64 dims x f16
-    opts = backend.ContextOptions(n_ctx=4096, n_threads=1)
-    monkeypatch.setattr(backend, "_physical_memory", lambda: est)
-    backend.LlamaModelContext(files["ver"], context_options=opts).close()
-    monkeypatch.setattr(backend, "_physical_memory", lambda: est - 1)
-    with pytest.raises(backend.ModelLoadError, match=r"n_ctx=4096 needs about 0\.0 GiB of KV cache"):
-        backend.LlamaModelContext(files["ver"], context_options=opts)
+    opts = ContextOptions(n_ctx=4096, n_threads=1)
+    monkeypatch.setattr(context, "physical_memory", lambda: est)
+    Context.load(files["ver"], context_options=opts).close()
+    monkeypatch.setattr(context, "physical_memory", lambda: est - 1)
+    with pytest.raises(KvCacheTooLargeError, match=r"n_ctx=4096 needs about 0\.0 GiB of KV cache"):
+        Context.load(files["ver"], context_options=opts)
 
 
 # ---- AMX (llama.cpp issue #20824) -----------------------------------------------------------------
@@ -286,14 +293,14 @@ def test_kv_cache_guard_refuses_exactly_above_physical_memory(files, monkeypatch
 @pytest.mark.parametrize("cpu,build,expected", [(True, True, False), (True, False, True),
                                                 (False, True, True), (False, False, True)])
 def test_repacking_is_off_exactly_when_cpu_and_build_have_amx(monkeypatch, cpu, build, expected):
-    from cactus_gguf import backend
+    from cactus_gguf.llama import ModelOptions, model
 
-    monkeypatch.setattr(backend, "cpu_has_amx", lambda: cpu)
-    monkeypatch.setattr(backend, "build_has_amx", lambda: build)
-    assert backend.ModelOptions().resolved_repack() is expected
+    monkeypatch.setattr(model, "cpu_has_amx", lambda: cpu)
+    monkeypatch.setattr(model, "build_has_amx", lambda: build)
+    assert ModelOptions().resolved_repack() is expected
     # an explicit choice wins
-    assert backend.ModelOptions(repack=True).resolved_repack() is True
-    assert backend.ModelOptions(repack=False).resolved_repack() is False
+    assert ModelOptions(repack=True).resolved_repack() is True
+    assert ModelOptions(repack=False).resolved_repack() is False
 
 
 @pytest.mark.parametrize("flags,expected", [
@@ -303,44 +310,44 @@ def test_repacking_is_off_exactly_when_cpu_and_build_have_amx(monkeypatch, cpu, 
     (None, False),                                   # no flags line (e.g. ARM)
 ])
 def test_cpu_amx_detection_reads_the_cpuinfo_flags(monkeypatch, tmp_path, flags, expected):
-    from cactus_gguf import backend
+    from cactus_gguf.llama import hw
 
     fake = tmp_path / "cpuinfo"
     fake.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\n"
                     + (f"flags\t\t: {flags}\n" if flags else "Features\t: fp asimd\n"))
     real_open = open
-    monkeypatch.setattr(backend, "open",
+    monkeypatch.setattr(hw, "open",
                         lambda path, *a, **kw: real_open(fake if path == "/proc/cpuinfo" else path,
                                                          *a, **kw), raising=False)
-    assert backend.cpu_has_amx() is expected
+    assert hw.cpu_has_amx() is expected
 
 
 def test_cpu_amx_detection_survives_an_unreadable_cpuinfo(monkeypatch):
-    from cactus_gguf import backend
+    from cactus_gguf.llama import hw
 
     def denied(*a, **kw):
         raise PermissionError("denied")
 
-    monkeypatch.setattr(backend, "open", denied, raising=False)
-    assert backend.cpu_has_amx() is False
+    monkeypatch.setattr(hw, "open", denied, raising=False)
+    assert hw.cpu_has_amx() is False
 
 
 def test_build_amx_detection_reads_the_system_info(monkeypatch):
     import llama_cpp
-    from cactus_gguf import backend
+    from cactus_gguf.llama import hw
 
     monkeypatch.setattr(llama_cpp, "llama_print_system_info",
                         lambda: b"CPU : AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1 |")
-    assert backend.build_has_amx() is True
+    assert hw.build_has_amx() is True
     monkeypatch.setattr(llama_cpp, "llama_print_system_info",
                         lambda: b"CPU : AVX2 = 1 | AVX512 = 1 | REPACK = 1 |")
-    assert backend.build_has_amx() is False
+    assert hw.build_has_amx() is False
 
 
 def test_the_resolved_repack_choice_reaches_llama_cpp(files, monkeypatch):
     from llama_cpp import _internals
 
-    from cactus_gguf import backend
+    from cactus_gguf.llama import Context, ContextOptions, model
 
     seen = []
     real = _internals.LlamaModel.__init__
@@ -351,20 +358,19 @@ def test_the_resolved_repack_choice_reaches_llama_cpp(files, monkeypatch):
 
     monkeypatch.setattr(_internals.LlamaModel, "__init__", spy)
     for cpu, build in ((True, True), (False, True)):
-        monkeypatch.setattr(backend, "cpu_has_amx", lambda: cpu)
-        monkeypatch.setattr(backend, "build_has_amx", lambda: build)
-        backend.LlamaModelContext(files["ver"], context_options=backend.ContextOptions(
-            n_ctx=256, n_threads=1)).close()
+        monkeypatch.setattr(model, "cpu_has_amx", lambda: cpu)
+        monkeypatch.setattr(model, "build_has_amx", lambda: build)
+        Context.load(files["ver"], context_options=ContextOptions(n_ctx=256, n_threads=1)).close()
     assert seen == [False, True]
 
 
 def test_real_pair_runs_on_this_machine(qwen_pair):
     """The Q4_K_M pair that segfaults with AMX repacking runs (this machine has AMX: the guard
     is what keeps it alive)."""
-    from cactus_gguf import backend
+    from cactus_gguf.llama import build_has_amx, cpu_has_amx
 
-    amx = backend.cpu_has_amx() and backend.build_has_amx()
-    print(f"AMX: cpu {backend.cpu_has_amx()}, build {backend.build_has_amx()}; "
+    amx = cpu_has_amx() and build_has_amx()
+    print(f"AMX: cpu {cpu_has_amx()}, build {build_has_amx()}; "
           f"repacking {'off' if amx else 'on'}")
     ver, dft = qwen_pair
     r = run_cli("run", ver, dft, "-p", "def add(a, b):", "-n", "8", "-c", "512", "--temp", "0",

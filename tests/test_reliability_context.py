@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cactus_gguf.backend import LlamaModelContext
-from cactus_gguf.decoding import ContextLengthError
+from cactus_gguf.llama import Context
+from cactus_gguf.errors import ContextLengthError
 
-from reliability_support import (BOS, EOS, KvShadow, StepLog, byte_token, ctx, make_decoder,
+from reliability_support import (BOS, EOS, KvShadow, StepLog, byte_token, ctx, make_engine,
                                  write_llama)
 
 
@@ -37,13 +37,13 @@ class Watch(KvShadow):
     """Checks, before every decode, that it fits the context (so a DecodeError never even arises)."""
 
     def before_decode(self, ctx, tokens, n_logits):
-        assert ctx.n_past + len(tokens) <= ctx.n_ctx, (ctx.path.name, ctx.n_past, len(tokens))
+        assert ctx.n_past + len(tokens) <= ctx.n_ctx, (ctx.model.path.name, ctx.n_past, len(tokens))
         assert len(tokens) <= ctx.n_ctx
         self.max_batch = max(getattr(self, "max_batch", 0), n_logits)
 
 
 def verifier_alone(models, ids, n_predict, n_ctx):
-    with make_decoder(models["ver"], method="none", temp=0.0, context=ctx(n_ctx)) as alone:
+    with make_engine(models["ver"], method="none", temp=0.0, context=ctx(n_ctx)) as alone:
         return alone.generate(ids, n_predict=n_predict, seed=0)
 
 
@@ -52,7 +52,7 @@ def verifier_alone(models, ids, n_predict, n_ctx):
 def test_verifier_context_full_stops_with_length(models, monkeypatch, k, n_prompt):
     Watch.install(monkeypatch)  # asserts before every decode that it fits
     ids = prompt_ids(n_prompt)
-    with make_decoder(models["ver"], models["dft"], k=k, temp=0.0, context=ctx(256)) as dec:
+    with make_engine(models["ver"], models["dft"], k=k, temp=0.0, context=ctx(256)) as dec:
         assert dec.verifier.n_ctx == dec.draft.n_ctx == 256
         res = dec.generate(ids, n_predict=1000, seed=0)
     assert res.stop_reason == "length" and res.message == "context full (n_ctx=256)"
@@ -65,7 +65,7 @@ def test_draft_context_smaller_than_the_verifiers(models, monkeypatch):
     watch = Watch.install(monkeypatch)
     steps = StepLog.install(monkeypatch)
     ids = prompt_ids(100)
-    with make_decoder(models["ver"], models["dft"], k=6, temp=0.0, context=ctx(512),
+    with make_engine(models["ver"], models["dft"], k=6, temp=0.0, context=ctx(512),
                       draft_context=ctx(256)) as dec:
         assert (dec.verifier.n_ctx, dec.draft.n_ctx) == (512, 256)
         res = dec.generate(ids, n_predict=1000, seed=0)
@@ -84,7 +84,7 @@ def test_prompt_too_long_for_the_draft_skips_the_draft(models, monkeypatch):
     watch = Watch.install(monkeypatch)
     steps = StepLog.install(monkeypatch)
     ids = prompt_ids(300)
-    with make_decoder(models["ver"], models["dft"], k=4, temp=0.0, context=ctx(512),
+    with make_engine(models["ver"], models["dft"], k=4, temp=0.0, context=ctx(512),
                       draft_context=ctx(256)) as dec:
         res = dec.generate(ids, n_predict=50, seed=0)
         assert dec.draft.n_past == 0
@@ -96,9 +96,9 @@ def test_prompt_too_long_for_the_draft_skips_the_draft(models, monkeypatch):
 @pytest.mark.parametrize("n_prompt", [256, 257, 1000])
 def test_prompt_that_does_not_fit_is_an_error_before_any_decoding(models, monkeypatch, n_prompt):
     watch = Watch.install(monkeypatch)
-    with make_decoder(models["ver"], models["dft"], context=ctx(256)) as dec:
-        with pytest.raises(ContextLengthError, match=rf"the prompt is {n_prompt} tokens but n_ctx "
-                                                     r"is 256: raise -c/--ctx-size"):
+    with make_engine(models["ver"], models["dft"], context=ctx(256)) as dec:
+        with pytest.raises(ContextLengthError, match=rf"the prompt is {n_prompt} tokens and n_ctx "
+                                                     rf"is 256: raise n_ctx above {n_prompt}"):
             dec.generate(prompt_ids(n_prompt), n_predict=10, seed=0)
         assert watch.decodes == []
         # text prompts too
@@ -108,13 +108,22 @@ def test_prompt_that_does_not_fit_is_an_error_before_any_decoding(models, monkey
 
 
 @pytest.mark.parametrize("n_batch,k", [(4, 8), (2, 5), (1, 4), (4, 4)])
-def test_draft_length_must_fit_the_batch(n_batch, k):
+def test_draft_length_must_fit_the_batch(models, n_batch, k):
     """The k+1 verified tokens go in one llama_decode: k >= n_batch is refused up front (a silent
-    cap would quietly turn speculation off with -b 1)."""
-    from cactus_gguf.decoding import DecoderConfig
-    with pytest.raises(ValueError, match=f"draft length k={k} must be below the batch size "
-                                         f"n_batch={n_batch}"):
-        DecoderConfig(k=k, context=ctx(256, n_batch=n_batch))
+    cap would quietly turn speculation off with -b 1), before anything is decoded; with method
+    none nothing is drafted and any k goes."""
+    from cactus_gguf.errors import InputError
+    from cactus_gguf.options import LoadOptions, Request, validate_pairing
+
+    with pytest.raises(InputError, match=f"k={k} must be below n_batch={n_batch}"):
+        validate_pairing(LoadOptions(n_batch=n_batch), Request(k=k))
+    validate_pairing(LoadOptions(n_batch=n_batch), Request(k=k, method="none"))
+    with make_engine(models["ver"], models["dft"], k=1, temp=0.0,
+                     context=ctx(256, n_batch=n_batch)) as dec:
+        with pytest.raises(InputError, match=f"k={k} must be below n_batch={n_batch}"):
+            dec.generate("abc", n_predict=4, k=k)
+        assert dec.verifier.n_past == 0
+        assert len(dec.generate("abc", n_predict=4, k=k, method="none").tokens) == 4
 
 
 def test_draft_length_is_kept_within_the_batch(models, monkeypatch):
@@ -122,7 +131,7 @@ def test_draft_length_is_kept_within_the_batch(models, monkeypatch):
     steps = StepLog.install(monkeypatch)
     ids = prompt_ids(40)
     n_batch, k = 4, 3
-    with make_decoder(models["ver"], models["dft"], k=k, temp=0.0,
+    with make_engine(models["ver"], models["dft"], k=k, temp=0.0,
                       context=ctx(256, n_batch=n_batch)) as dec:
         assert dec.verifier.n_batch == n_batch
         res = dec.generate(ids, n_predict=60, seed=0)
@@ -136,10 +145,10 @@ def test_decode_returns_the_right_rows_when_the_batch_is_chunked(models):
     """Regression: with n tokens > n_batch the requested logits rows could straddle two
     llama_decode calls, and rows of the earlier call were read from a stale buffer."""
     toks = [BOS] + list(range(100, 109))  # 10 tokens
-    with LlamaModelContext(models["ver"], context_options=ctx(256, n_batch=64)) as m:
+    with Context.load(models["ver"], context_options=ctx(256, n_batch=64)) as m:
         want = np.array(m.decode(toks, 5))
     for n_batch in (8, 4, 3, 5):
-        with LlamaModelContext(models["ver"], context_options=ctx(256, n_batch=n_batch)) as m:
+        with Context.load(models["ver"], context_options=ctx(256, n_batch=n_batch)) as m:
             got = np.array(m.decode(toks, min(5, n_batch)))
             np.testing.assert_allclose(got, want[-got.shape[0]:], atol=1e-3)
             assert m.n_past == 10 and m.kv_pos_max() == 9

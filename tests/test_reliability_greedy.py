@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cactus_gguf.backend import LlamaModelContext
+from cactus_gguf.llama import Context
 
-from reliability_support import ctx, make_decoder, write_llama
+from reliability_support import ctx, make_engine, write_llama
 
 PROMPTS = ["the cat sat on", "hello world", "def f(a):", "é中😀 a dog"]
 N = 40  # tokens per run
@@ -36,7 +36,7 @@ def models(tmp_path_factory):
 
 def top_two_gap(model_path, ids: list[int], context=None) -> float:
     """The verifier's gap between its two largest logits after ``ids`` (fresh prefill)."""
-    with LlamaModelContext(model_path, context_options=context or ctx(n_batch=512)) as m:
+    with Context.load(model_path, context_options=context or ctx(n_batch=512)) as m:
         row = np.sort(np.array(m.decode(ids, 1)[0], dtype=np.float64))
     return float(row[-1] - row[-2])
 
@@ -55,7 +55,7 @@ def assert_greedy_equal(got: list[int], want: list[int], model_path, prompt_ids:
 
 @pytest.fixture(scope="module")
 def greedy_base(models):
-    with make_decoder(models["ver"], method="none", temp=0.0) as alone:
+    with make_engine(models["ver"], method="none", temp=0.0) as alone:
         return {p: (alone.tokenize(p), alone.generate(p, n_predict=N, seed=0).tokens)
                 for p in PROMPTS}
 
@@ -65,7 +65,7 @@ def test_temperature_zero_equals_the_verifier_greedy_for_every_k(models, greedy_
     n_runs = 0
     for draft, drafter in (("close", "model"), ("far", "model"), (None, "ngram")):
         for method, delta, solver in LOSSLESS_AT_GREEDY:
-            with make_decoder(models["ver"], draft and models[draft], k=k, method=method,
+            with make_engine(models["ver"], draft and models[draft], k=k, method=method,
                               delta=delta, solver=solver, drafter=drafter, temp=0.0) as dec:
                 for prompt, (ids, want) in greedy_base.items():
                     got = dec.generate(prompt, n_predict=N, seed=k).tokens
@@ -81,7 +81,7 @@ def test_the_speculative_runs_really_speculate(models, monkeypatch):
 
     steps = StepLog.install(monkeypatch)
     for draft in ("close", "far"):
-        with make_decoder(models["ver"], models[draft], k=4, temp=0.0) as dec:
+        with make_engine(models["ver"], models[draft], k=4, temp=0.0) as dec:
             for p in PROMPTS:
                 dec.generate(p, n_predict=N, seed=0)
     drafted = sum(s[0] for s in steps.steps)
@@ -91,7 +91,7 @@ def test_the_speculative_runs_really_speculate(models, monkeypatch):
 
 @pytest.mark.parametrize("temp", [0.0, -1.0, -1e-9])
 def test_negative_temperature_is_greedy_like_llama_cpp(models, greedy_base, temp):
-    with make_decoder(models["ver"], models["close"], k=5, temp=temp, top_k=3, top_p=0.5) as dec:
+    with make_engine(models["ver"], models["close"], k=5, temp=temp, top_k=3, top_p=0.5) as dec:
         for prompt, (ids, want) in greedy_base.items():
             assert_greedy_equal(dec.generate(prompt, n_predict=N, seed=1).tokens, want,
                                 models["ver"], ids, TIE_GAP_TINY, what=f"temp {temp}")

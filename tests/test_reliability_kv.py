@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import llama_cpp
-from cactus_gguf.backend import DecodeError, LlamaModelContext
-from cactus_gguf.decoding import ModelDrafter
+from cactus_gguf.llama import Context, DecodeError
+from cactus_gguf.spec import ModelDrafter
 
-from reliability_support import EOS, KvShadow, StepLog, ctx, make_decoder, write_llama
+from reliability_support import EOS, KvShadow, StepLog, ctx, make_engine, write_llama
 
 PROMPTS = ["the cat sat on", "hello world", "def f(a):", "a"]
 
@@ -62,13 +62,15 @@ class StepChecker(KvShadow):
 
 
 def run_checked(monkeypatch, dec, prompt, **kw):
+    """One generation from empty caches (the shadow mirrors them from empty), checked step by step."""
     shadow = StepChecker.install(monkeypatch)
     shadow.verifier = dec.verifier
+    dec.reset()
     propose = ModelDrafter.propose
 
-    def traced_propose(self, committed, k, sampler, probs, tokens):
-        shadow.proposals.append((list(committed), list(shadow.held(self.model))))
-        return propose(self, committed, k, sampler, probs, tokens)
+    def traced_propose(self, committed, k, sampler, policy, probs, tokens):
+        shadow.proposals.append((list(committed), list(shadow.held(self.ctx))))
+        return propose(self, committed, k, sampler, policy, probs, tokens)
 
     monkeypatch.setattr(ModelDrafter, "propose", traced_propose)
     res = dec.generate(prompt, n_predict=kw.pop("n_predict", 80), **kw)
@@ -86,7 +88,7 @@ def test_each_context_holds_the_committed_prefix_after_every_step(models, monkey
                                                                    same):
     dft = models["ver"] if same else models["dft"]
     reasons, all_accepted, rejected = set(), 0, 0
-    with make_decoder(models["ver"], dft, k=k, method=method, temp=0.9, delta=1.0) as dec:
+    with make_engine(models["ver"], dft, k=k, method=method, temp=0.9, delta=1.0) as dec:
         for i, prompt in enumerate(PROMPTS * 3):
             stop = ["e"] if i % 3 == 1 else []
             res, shadow = run_checked(monkeypatch, dec, prompt, seed=i, stop=stop)
@@ -103,7 +105,7 @@ def test_each_context_holds_the_committed_prefix_after_every_step(models, monkey
 
 def test_ngram_drafter_and_verifier_alone_keep_the_committed_prefix(models, monkeypatch):
     for method, drafter in (("cactus", "ngram"), ("none", "model")):
-        with make_decoder(models["ver"], k=4, method=method, drafter=drafter, temp=0.7) as dec:
+        with make_engine(models["ver"], k=4, method=method, drafter=drafter, temp=0.7) as dec:
             for i, prompt in enumerate(PROMPTS):
                 res, shadow = run_checked(monkeypatch, dec, prompt + prompt, seed=i)
                 assert shadow.verifies
@@ -112,7 +114,7 @@ def test_ngram_drafter_and_verifier_alone_keep_the_committed_prefix(models, monk
 # ---- failed cache edits raise -----------------------------------------------------------------------
 
 def test_a_failed_cache_removal_raises(models, monkeypatch):
-    with LlamaModelContext(models["ver"], context_options=ctx()) as m:
+    with Context.load(models["ver"], context_options=ctx()) as m:
         m.decode([1, 100, 101, 102], 1)
         monkeypatch.setattr(llama_cpp, "llama_memory_seq_rm", lambda *a: False)
         with pytest.raises(DecodeError, match=r"llama_memory_seq_rm could not remove positions >= 2"):
@@ -121,19 +123,19 @@ def test_a_failed_cache_removal_raises(models, monkeypatch):
 
 
 def test_a_failed_cache_removal_during_generation_raises(models, monkeypatch):
-    with make_decoder(models["ver"], models["dft"], k=4, temp=1.0) as dec:
+    with make_engine(models["ver"], models["dft"], k=4, temp=1.0) as dec:
         monkeypatch.setattr(llama_cpp, "llama_memory_seq_rm", lambda *a: False)
         with pytest.raises(DecodeError, match="llama_memory_seq_rm"):
             dec.generate("the cat sat on", n_predict=100, seed=0)
         monkeypatch.undo()
         # the next generation starts from a cleared cache and works
         a = dec.generate("the cat sat on", n_predict=30, seed=1)
-    with make_decoder(models["ver"], models["dft"], k=4, temp=1.0) as fresh:
+    with make_engine(models["ver"], models["dft"], k=4, temp=1.0) as fresh:
         assert fresh.generate("the cat sat on", n_predict=30, seed=1).tokens == a.tokens
 
 
 def test_a_failed_decode_rolls_the_cache_back(models, monkeypatch):
-    with LlamaModelContext(models["ver"], context_options=ctx(n_batch=4)) as m:
+    with Context.load(models["ver"], context_options=ctx(n_batch=4)) as m:
         m.decode([1, 100, 101], 0)
         real, calls = llama_cpp.llama_decode, []
 
@@ -148,7 +150,7 @@ def test_a_failed_decode_rolls_the_cache_back(models, monkeypatch):
         assert m.n_past == 3 and m.kv_pos_max() == 2  # the two stored chunks were removed
         monkeypatch.undo()
         row = np.array(m.decode([104], 1)[0])
-    with LlamaModelContext(models["ver"], context_options=ctx()) as fresh:
+    with Context.load(models["ver"], context_options=ctx()) as fresh:
         np.testing.assert_allclose(row, fresh.decode([1, 100, 101, 104], 1)[0], atol=1e-3)
 
 
@@ -163,7 +165,7 @@ def thirds(steps):
 def test_identical_draft_acceptance_is_flat_and_full_over_thousands_of_tokens(models, monkeypatch,
                                                                              temp, method):
     steps = StepLog.install(monkeypatch)
-    with make_decoder(models["long"], models["long"], k=4, method=method, temp=temp,
+    with make_engine(models["long"], models["long"], k=4, method=method, temp=temp,
                       context=ctx(n_ctx=4096)) as dec:
         res = dec.generate("the cat sat on", n_predict=2400, seed=3)
     assert res.stats.n_tokens == 2400, res.stop_reason
@@ -177,7 +179,7 @@ def test_identical_draft_acceptance_is_flat_and_full_over_thousands_of_tokens(mo
 def test_noisy_draft_acceptance_does_not_decay_over_thousands_of_tokens(models, monkeypatch):
     steps = StepLog.install(monkeypatch)
     shadow = KvShadow.install(monkeypatch)  # llama.cpp's view checked after every cache edit
-    with make_decoder(models["long"], models["long_dft"], k=4, method="cactus", temp=0.8,
+    with make_engine(models["long"], models["long_dft"], k=4, method="cactus", temp=0.8,
                       context=ctx(n_ctx=4096)) as dec:
         res = dec.generate("the cat sat on", n_predict=2400, seed=4)
         committed = dec.tokenize("the cat sat on") + res.tokens

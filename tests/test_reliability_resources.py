@@ -10,8 +10,10 @@ user properties ("RESOURCES ..." lines).
 leak at all (glibc hands freed arenas back late; with weight repacking on, the repacked buffers land
 at different places from one load to the next: +22 MiB between two cycles was seen on an AMD EPYC
 with 60 cycles swinging between 199 and 273 MiB and no trend). Each test samples memory at equal
-steps and bounds the Theil-Sen slope (``memory_slope``), which such jumps do not move and a leak of
-1 MiB per cycle does (``test_the_trend_test_catches_a_leak_of_1_mib_per_cycle``).
+steps and bounds their growth rate (``memory_slope``: robust slopes of both halves), which such
+jumps do not move and a leak of 1 MiB per cycle does
+(``test_the_trend_test_catches_a_leak_of_1_mib_per_cycle``). The load/free cycles run in a fresh
+interpreter, where earlier tests' freed heap can neither shift the baseline nor absorb a leak.
 """
 from __future__ import annotations
 
@@ -23,11 +25,12 @@ import numpy as np
 import pytest
 
 import llama_cpp
-from cactus_gguf.backend import ContextOptions, LlamaModelContext, ModelLoadError
-from cactus_gguf.decoding import SpeculativeDecoder, DecoderConfig, VocabMismatchError
-from cactus_gguf.sampling import NativeSampler, SamplingParams
+from cactus_gguf.llama import Context, ContextOptions, Model, ModelLoadError
+from cactus_gguf.options import LoadOptions, Request
+from cactus_gguf.spec import Engine, VocabMismatchError
+from cactus_gguf.sampling import NativeSampler
 
-from reliability_support import ctx, make_decoder, memory_slope, rss_mib, write_llama
+from reliability_support import ctx, make_engine, memory_slope, rss_mib, write_llama
 
 
 
@@ -76,9 +79,9 @@ class LogitsFlags:
         monkeypatch.setattr(llama_cpp, "llama_decode", checked)
 
     def attach(self, dec) -> None:
-        self.roles[ctypes_addr(dec.verifier.ctx_ptr)] = "verifier"
+        self.roles[ctypes_addr(dec.verifier.ptr)] = "verifier"
         if dec.draft is not None:
-            self.roles[ctypes_addr(dec.draft.ctx_ptr)] = "draft"
+            self.roles[ctypes_addr(dec.draft.ptr)] = "draft"
 
 
 def ctypes_addr(p) -> int:
@@ -100,7 +103,7 @@ def test_500_generations_keep_memory_and_kv_cells_flat(models, monkeypatch, reco
     prompts = ["a", "the cat sat on", "hello world def f(a):", long_prompt]
     setups = [dict(method="cactus", k=4), dict(method="sps", k=2), dict(method="none"),
               dict(method="cactus", k=3, drafter="ngram")]
-    decoders = [make_decoder(models["ver"], models["dft"], temp=0.9, context=ctx(1024), **s)
+    decoders = [make_engine(models["ver"], models["dft"], temp=0.9, context=ctx(1024), **s)
                 for s in setups]
     endings: dict[str, int] = {}
     kv_after: dict[tuple, list[int]] = {}
@@ -121,13 +124,13 @@ def test_500_generations_keep_memory_and_kv_cells_flat(models, monkeypatch, reco
             res = dec.generate(prompt, n_predict=n_predict, stop=stop, seed=i)
             endings[res.stop_reason] = endings.get(res.stop_reason, 0) + 1
             # every verification decode asked for exactly the rows the acceptance test read
-            if dec.config.acceptance is not None:
+            if dec.defaults.method != "none":
                 assert flags.pending_verify == n_rows_expected
             # KV cells: the verifier holds committed[:-1], llama.cpp agrees, nothing else
             v = dec.verifier
             n_committed = len(dec.tokenize(prompt)) + len(res.tokens)  # an EOS is not committed
             assert v.n_past == n_committed - 1 and v.kv_pos_max() == v.n_past - 1
-            if dec.draft is not None and dec.config.drafter == "model":
+            if dec.draft is not None and dec.defaults.drafter == "model":
                 assert dec.draft.n_past <= v.n_past and dec.draft.kv_pos_max() == dec.draft.n_past - 1
             key = (i % 4, prompt, n_predict, bool(stop), i % 2)
             kv_after.setdefault(key, []).append(v.kv_pos_max() + 1)
@@ -158,9 +161,9 @@ def test_verify_batches_request_logits_only_for_verified_rows(models, monkeypatc
         return real(ctx_ptr, batch)
 
     monkeypatch.setattr(llama_cpp, "llama_decode", spy)
-    with make_decoder(models["ver"], models["dft"], k=6, temp=0.8) as dec:
+    with make_engine(models["ver"], models["dft"], k=6, temp=0.8) as dec:
         res = dec.generate("the cat sat on the mat", n_predict=60, seed=3)
-        vptr = ctypes_addr(dec.verifier.ctx_ptr)
+        vptr = ctypes_addr(dec.verifier.ptr)
     ver_calls = [f for p, f in seen if p == vptr]
     assert not ver_calls[0].any()                       # prefill: no logits at all
     for f in ver_calls[1:]:
@@ -174,15 +177,11 @@ def load_free_cycles(ver, dft, n: int, context: ContextOptions, generate: bool =
     a few tokens, free everything. Returns RSS (MiB) after each cycle and seconds per cycle.
     ``leak_mib`` > 0 keeps that much touched memory per cycle (a deliberate leak, to show that
     the trend test sees one)."""
-    from cactus_gguf.backend import ModelOptions
-
-    mopts = ModelOptions(repack=repack)
-    cfg = DecoderConfig(k=4, sampling=SamplingParams(temperature=0.0), context=context,
-                        verifier_model=mopts, draft_model=mopts)
+    load = LoadOptions(n_ctx=context.n_ctx, n_batch=context.n_batch, n_threads=context.n_threads)
     rss, secs, kept = [], [], []
     for _ in range(n):
         t0 = time.perf_counter()
-        with SpeculativeDecoder(ver, dft, cfg) as dec:
+        with Engine(ver, dft, load, defaults=Request(k=4, temperature=0.0), repack=repack) as dec:
             if generate:
                 dec.generate("def add(a, b):", n_predict=2, seed=0)
         if leak_mib:
@@ -193,24 +192,42 @@ def load_free_cycles(ver, dft, n: int, context: ContextOptions, generate: bool =
     return rss, secs
 
 
-# The real pair's cycles run in a fresh interpreter: what earlier tests left in this process's
-# heap then cannot shift the baseline, and repacking can be forced either way.
+# Cycles run in a fresh interpreter: what earlier tests left in this process's heap (freed but
+# still resident) can then neither shift the baseline nor absorb a leak, and repacking can be
+# forced either way.
 _CYCLES = """
 import json, sys
-sys.path[:0] = sys.argv[5:]
-from cactus_gguf.backend import ContextOptions
+args = json.loads(sys.argv[1])
+sys.path[:0] = args.pop("path")
+from cactus_gguf.llama import ContextOptions
 import test_reliability_resources as t
-repack = {"on": True, "off": False}[sys.argv[4]]
-rss, secs = t.load_free_cycles(sys.argv[1], sys.argv[2], int(sys.argv[3]),
-                               ContextOptions(n_ctx=512, n_threads=1), generate=False, repack=repack)
+rss, secs = t.load_free_cycles(args.pop("ver"), args.pop("dft"), args.pop("n"),
+                               ContextOptions(n_ctx=args.pop("n_ctx"), n_threads=1), **args)
 print(json.dumps({"rss": rss, "secs": secs}))
 """
 N_CYCLES, WARMUP = 24, 4  # the first cycles keep one-time allocations (backend, thread pool, arenas)
 MAX_SLOPE = 0.5  # MiB per cycle: half the smallest leak these tests must catch
 
 
+def cycles_in_subprocess(ver, dft, n: int, n_ctx: int, **kw) -> tuple[list[float], list[float]]:
+    """``load_free_cycles`` in a fresh interpreter; (RSS MiB after each cycle, seconds each)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    args = dict(path=[str(here), str(here.parent)], ver=str(ver), dft=str(dft), n=n, n_ctx=n_ctx,
+                **kw)
+    r = subprocess.run([sys.executable, "-c", _CYCLES, json.dumps(args)], capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return out["rss"], out["secs"]
+
+
 def test_20_load_free_cycles_of_tiny_models(models, record_property):
-    rss, secs = load_free_cycles(models["ver"], models["dft"], 20, ctx(4096))
+    rss, secs = cycles_in_subprocess(models["ver"], models["dft"], 20, 4096)
     slope = memory_slope(rss[WARMUP:])
     report(record_property, "cycles_tiny",
            f"RSS after cycle {WARMUP} {rss[WARMUP - 1]:.1f} MiB, after cycle 20 {rss[-1]:.1f} MiB "
@@ -219,44 +236,33 @@ def test_20_load_free_cycles_of_tiny_models(models, record_property):
 
 
 def test_the_trend_test_catches_a_leak_of_1_mib_per_cycle(models):
-    rss, _ = load_free_cycles(models["ver"], models["dft"], 12, ctx(512), generate=False,
-                              leak_mib=1.0)
+    rss, _ = cycles_in_subprocess(models["ver"], models["dft"], 16, 512, generate=False,
+                                  leak_mib=1.0)
     assert memory_slope(rss[WARMUP:]) > 0.8
 
 
 def _repack_modes():
-    from cactus_gguf.backend import build_has_amx, cpu_has_amx
+    from cactus_gguf.llama import build_has_amx, cpu_has_amx
 
     amx = cpu_has_amx() and build_has_amx()
-    return ["off", pytest.param("on", marks=pytest.mark.skipif(
+    return [False, pytest.param(True, marks=pytest.mark.skipif(
         amx, reason="repacking segfaults on an AMX build (llama.cpp #20824)"))]
 
 
-@pytest.mark.parametrize("repack", _repack_modes())
+@pytest.mark.parametrize("repack", _repack_modes(), ids=["repack-off", "repack-on"])
 def test_load_free_cycles_of_the_real_pair(qwen_pair, record_property, repack):
     """Both machine kinds' behaviour: weight repacking on (AVX-512 machines) and off (AMX)."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
     ver, dft = qwen_pair
-    tests_dir = str(Path(__file__).resolve().parent)
-    pkg_dir = str(Path(__file__).resolve().parent.parent)
     # no generation (a first decode pages in the weights: ~1 s per cycle on this shared machine);
     # contexts, KV caches and compute buffers are allocated at load all the same
-    r = subprocess.run([sys.executable, "-c", _CYCLES, str(ver), str(dft), str(N_CYCLES), repack,
-                        tests_dir, pkg_dir], capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    rss = out["rss"]
+    rss, secs = cycles_in_subprocess(ver, dft, N_CYCLES, 512, generate=False, repack=repack)
     slope = memory_slope(rss[WARMUP:])
     leaky = memory_slope([x + i for i, x in enumerate(rss[WARMUP:])])
-    report(record_property, f"cycles_real_pair_repack_{repack}",
+    report(record_property, f"cycles_real_pair_repack_{'on' if repack else 'off'}",
            f"RSS after cycle {WARMUP} {rss[WARMUP - 1]:.1f} MiB, after cycle {N_CYCLES} "
            f"{rss[-1]:.1f} MiB, min {min(rss[WARMUP:]):.1f}, max {max(rss[WARMUP:]):.1f}; trend "
            f"{slope:+.3f} MiB/cycle (with 1 MiB/cycle added: {leaky:+.3f}); "
-           f"{np.mean(out['secs']):.2f} s/cycle")
+           f"{np.mean(secs):.2f} s/cycle")
     assert slope < MAX_SLOPE, f"resident memory grows by {slope:.2f} MiB per load/free cycle: {rss}"
     # the same samples with a 1 MiB/cycle leak added would fail: the noise does not hide one
     assert leaky > MAX_SLOPE
@@ -265,34 +271,36 @@ def test_load_free_cycles_of_the_real_pair(qwen_pair, record_property, repack):
 # ---- error paths free what they loaded ------------------------------------------------------------
 
 @pytest.fixture
-def opened(monkeypatch) -> list[LlamaModelContext]:
-    out: list[LlamaModelContext] = []
-    init = LlamaModelContext.__init__
+def opened(monkeypatch) -> list:
+    """Every Model and Context created during the test."""
+    out: list = []
+    for cls in (Model, Context):
+        init = cls.__init__
 
-    def tracked(self, *a, **kw):
-        out.append(self)
-        init(self, *a, **kw)
+        def tracked(self, *a, _init=init, **kw):
+            out.append(self)
+            _init(self, *a, **kw)
 
-    monkeypatch.setattr(LlamaModelContext, "__init__", tracked)
+        monkeypatch.setattr(cls, "__init__", tracked)
     return out
 
 
-def freed(m: LlamaModelContext) -> bool:
-    return m._model is None and m._ctx is None and m._batch is None
+def freed(m) -> bool:
+    return m.closed
 
 
 def test_a_draft_that_fails_to_load_frees_the_verifier(models, tmp_path, opened):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(models["ver"].read_bytes()[:5000])
     with pytest.raises(ModelLoadError, match="truncated or corrupt"):
-        make_decoder(models["ver"], bad)
-    assert len(opened) == 2 and all(freed(m) for m in opened)
+        make_engine(models["ver"], bad)
+    assert sum(isinstance(m, Model) for m in opened) == 2 and all(freed(m) for m in opened)
 
 
 def test_a_refused_pair_frees_both_models(models, opened):
     with pytest.raises(VocabMismatchError):
-        make_decoder(models["ver"], models["other"])
-    assert len(opened) == 2 and all(freed(m) for m in opened)
+        make_engine(models["ver"], models["other"])
+    assert sum(isinstance(m, Model) for m in opened) == 2 and all(freed(m) for m in opened)
 
 
 def test_a_context_that_cannot_be_created_frees_its_model(models, opened, monkeypatch):
@@ -303,8 +311,8 @@ def test_a_context_that_cannot_be_created_frees_its_model(models, opened, monkey
 
     monkeypatch.setattr(_internals, "LlamaContext", fail)
     with pytest.raises(ModelLoadError, match="could not create a context"):
-        make_decoder(models["ver"], models["dft"])
-    assert len(opened) == 1 and freed(opened[0])
+        make_engine(models["ver"], models["dft"])
+    assert sum(isinstance(m, Model) for m in opened) == 1 and all(freed(m) for m in opened)
 
 
 def test_failing_loads_do_not_leak(models, tmp_path, record_property):
@@ -312,12 +320,12 @@ def test_failing_loads_do_not_leak(models, tmp_path, record_property):
     bad.write_bytes(models["ver"].read_bytes()[:200000])  # header fine, tensor data cut
     for _ in range(5):
         with pytest.raises(ModelLoadError):
-            make_decoder(models["ver"], bad)
+            make_engine(models["ver"], bad)
     samples = []
     for i in range(40):
         for draft in (bad, models["other"]):
             with pytest.raises((ModelLoadError, VocabMismatchError)):
-                make_decoder(models["ver"], draft)
+                make_engine(models["ver"], draft)
         if i % 4 == 3:
             gc.collect()
             samples.append(rss_mib())
@@ -329,15 +337,15 @@ def test_failing_loads_do_not_leak(models, tmp_path, record_property):
 
 
 def test_an_error_or_an_abandoned_stream_leaves_the_decoder_reusable(models, monkeypatch):
-    with make_decoder(models["ver"], models["dft"], k=4, temp=0.9) as fresh:
+    with make_engine(models["ver"], models["dft"], k=4, temp=0.9) as fresh:
         want = fresh.generate("the cat sat on", n_predict=40, seed=5)
-    with make_decoder(models["ver"], models["dft"], k=4, temp=0.9) as dec:
+    with make_engine(models["ver"], models["dft"], k=4, temp=0.9) as dec:
         # a stream dropped after two pieces, in the middle of the generation
         for seed in range(20):
             s = dec.stream("hello world", n_predict=100, seed=seed)
             got = [p for _, p in zip(range(2), s)]
             s.close()
-            if len(got) == 2 and dec.last_result is None:
+            if len(got) == 2 and s.result is None:
                 break
         else:
             pytest.fail("no stream lasted two pieces")

@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cactus_gguf.backend import LlamaModelContext
+from cactus_gguf.llama import Context
 from cactus_gguf.sampling import (AcceptanceParams, NativeSampler, NonFiniteLogitsError,
                                 SamplingParams)
 
-from reliability_support import StepLog, make_decoder, write_llama
+from reliability_support import StepLog, make_engine, write_llama
 
 PROMPT = "the cat sat on"
 WARPS = dict(temp=0.7, top_k=5, top_p=0.8, min_p=0.05)
@@ -39,7 +39,7 @@ def test_the_draft_samples_from_the_rows_the_acceptance_test_gets(models, monkey
     steps = StepLog.install(monkeypatch, keep_probs=True)
     sp = SamplingParams(temperature=WARPS["temp"], top_k=WARPS["top_k"], top_p=WARPS["top_p"],
                         min_p=WARPS["min_p"])
-    with make_decoder(models["ver"], models["dft"], k=4, **WARPS) as dec:
+    with make_engine(models["ver"], models["dft"], k=4, **WARPS) as dec:
         for seed in range(5):
             drafts.clear()
             steps.steps.clear()
@@ -63,7 +63,7 @@ def test_identical_models_accept_everything_under_aggressive_warps(models, monke
     """Draft = verifier with top-k, top-p, min-p and temperature all active: if the two sides were
     warped differently, SpS would reject a share of the drafts."""
     steps = StepLog.install(monkeypatch)
-    with make_decoder(models["ver"], models["ver"], k=4, method="sps", **WARPS) as dec:
+    with make_engine(models["ver"], models["ver"], k=4, method="sps", **WARPS) as dec:
         for seed in range(10):
             dec.generate(PROMPT, n_predict=40, seed=seed)
     assert sum(s[0] for s in steps.steps) > 200
@@ -73,8 +73,8 @@ def test_identical_models_accept_everything_under_aggressive_warps(models, monke
 @pytest.mark.parametrize("who", ["verifier", "draft"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_non_finite_model_logits_are_a_clear_error(models, monkeypatch, who, bad):
-    decode = LlamaModelContext.decode
-    target: dict[str, LlamaModelContext] = {}
+    decode = Context.decode
+    target: dict[str, Context] = {}
     calls = []
 
     def poisoned(self, tokens, n_logits=1):
@@ -86,8 +86,8 @@ def test_non_finite_model_logits_are_a_clear_error(models, monkeypatch, who, bad
                 out[0, 7] = bad  # row 0 is always used (a later row only if reached)
         return out
 
-    monkeypatch.setattr(LlamaModelContext, "decode", poisoned)
-    with make_decoder(models["ver"], models["dft"], k=3, **WARPS) as dec:
+    monkeypatch.setattr(Context, "decode", poisoned)
+    with make_engine(models["ver"], models["dft"], k=3, **WARPS) as dec:
         target["model"] = getattr(dec, who)
         chunks: list[str] = []
         with pytest.raises(NonFiniteLogitsError, match="non-finite logits"):
@@ -99,10 +99,10 @@ def test_non_finite_model_logits_are_a_clear_error(models, monkeypatch, who, bad
 
 
 def test_two_decoders_in_one_process_never_share_random_state(models):
-    with make_decoder(models["ver"], models["dft"], k=3, temp=1.0) as a:
+    with make_engine(models["ver"], models["dft"], k=3, temp=1.0) as a:
         alone = [a.generate(PROMPT, n_predict=30, seed=s).tokens for s in (1, 2)]
-    with make_decoder(models["ver"], models["dft"], k=3, temp=1.0) as a, \
-            make_decoder(models["ver"], models["dft"], k=3, temp=1.0) as b:
+    with make_engine(models["ver"], models["dft"], k=3, temp=1.0) as a, \
+            make_engine(models["ver"], models["dft"], k=3, temp=1.0) as b:
         # interleave the two streams piece by piece
         sa, sb = a.stream(PROMPT, n_predict=30, seed=1), b.stream(PROMPT, n_predict=30, seed=2)
         done_a = done_b = False
@@ -111,6 +111,6 @@ def test_two_decoders_in_one_process_never_share_random_state(models):
                 done_a = next(sa, None) is None
             if not done_b:
                 done_b = next(sb, None) is None
-        assert a.last_result.tokens == alone[0]
-        assert b.last_result.tokens == alone[1]
+        assert sa.result.tokens == alone[0]
+        assert sb.result.tokens == alone[1]
         assert alone[0] != alone[1]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reliability_support import (BOS, EOS, KvShadow, StepLog, byte_token, chain, make_decoder,
+from reliability_support import (BOS, EOS, KvShadow, StepLog, byte_token, chain, make_engine,
                                  text_tokens, write_llama)
 
 T = byte_token  # token id of a byte
@@ -48,8 +48,9 @@ def models(tmp_path_factory):
 
 
 def stream(dec, prompt, **kw) -> tuple[list[str], object]:
-    chunks = list(dec.stream(prompt, **kw))
-    return chunks, dec.last_result
+    s = dec.stream(prompt, **kw)
+    chunks = list(s)
+    return chunks, s.result
 
 
 # ---- end of generation ----------------------------------------------------------------------------
@@ -61,7 +62,7 @@ def test_eos_inside_an_accepted_block_ends_the_output_there(models, monkeypatch,
     shadow = KvShadow.install(monkeypatch)
     # the n-gram drafter proposes what followed the earlier "a": b EOS c d
     prompt = [BOS, A, B, EOS, C, D, A]
-    with make_decoder(models["eos_mid"], models["eos_mid_2"], k=4, drafter=drafter,
+    with make_engine(models["eos_mid"], models["eos_mid_2"], k=4, drafter=drafter,
                       temp=temp) as dec:
         chunks, res = stream(dec, prompt, n_predict=50, seed=0)
         ver_held = shadow.held(dec.verifier)
@@ -72,13 +73,13 @@ def test_eos_inside_an_accepted_block_ends_the_output_there(models, monkeypatch,
     if drafter == "ngram":
         assert drafted == [B, EOS, C, D] and n_acc == 4  # ... with accepted drafts after it
     assert ver_held == prompt  # the verifier keeps nothing past the end: committed[:-1]
-    with make_decoder(models["eos_mid"], method="none", temp=temp) as alone:
+    with make_engine(models["eos_mid"], method="none", temp=temp) as alone:
         assert alone.generate(prompt, n_predict=50, seed=0).tokens == [B]
 
 
 def test_end_of_turn_token_also_ends_the_output(models):
-    with make_decoder(models["eot"], models["eot"], k=4, temp=0.0) as dec:
-        assert dec.verifier.eot == T(ord("q"))
+    with make_engine(models["eot"], models["eot"], k=4, temp=0.0) as dec:
+        assert dec.verifier.model.eot == T(ord("q"))
         res = dec.generate([BOS, A], n_predict=20, seed=0)
     assert res.stop_reason == "eos" and res.tokens == [B] and res.text == "b"
 
@@ -87,7 +88,7 @@ def test_end_of_turn_token_also_ends_the_output(models):
 def test_a_drafted_eos_the_verifier_rejects_does_not_end_generation(models, monkeypatch, temp,
                                                                   method):
     steps = StepLog.install(monkeypatch)
-    with make_decoder(models["long"], models["eos_after_a"], k=4, method=method, delta=1.0,
+    with make_engine(models["long"], models["eos_after_a"], k=4, method=method, delta=1.0,
                       temp=temp) as dec:
         res = dec.generate([BOS, A], n_predict=10, seed=0)
     assert res.stop_reason == "length"
@@ -116,7 +117,7 @@ def test_stop_strings_match_across_tokens_and_never_leak(models, stops, text, se
     # an n-gram drafter needs the script in the prompt to propose it
     prompt = [BOS, T(ord("w"))] + text_tokens(SCRIPT) + [T(ord("w"))] if drafter == "ngram" \
         else [BOS, T(ord("w"))]
-    with make_decoder(models["script"], models["script_2"], k=k, method=method, drafter=drafter,
+    with make_engine(models["script"], models["script_2"], k=k, method=method, drafter=drafter,
                       temp=0.0) as dec:
         chunks, res = stream(dec, prompt, n_predict=40, stop=stops, seed=0)
     assert "".join(chunks) == res.text == text
@@ -134,7 +135,7 @@ def test_stop_strings_on_random_text_cut_exactly_at_the_first_match(models):
     a substring of its own text gives exactly the text before its first occurrence."""
     rng = np.random.default_rng(0)
     checked = 0
-    with make_decoder(models["rand_ver"], models["rand_dft"], k=4, temp=0.8) as dec:
+    with make_engine(models["rand_ver"], models["rand_dft"], k=4, temp=0.8) as dec:
         for seed in range(30):
             full = dec.generate("the cat sat on", n_predict=40, seed=seed).text
             if len(full) < 6:
@@ -157,7 +158,7 @@ def test_streamed_chunks_hold_whole_characters_and_join_to_the_text(models, setu
     k = int(setup[-1]) if setup.startswith("model") else 4
     prompt = [BOS, T(ord("h"))] + text_tokens(UTF8) + [T(ord("h"))] if drafter == "ngram" \
         else [BOS, T(ord("h"))]
-    with make_decoder(models["utf8"], models["utf8_2"], k=k, method=method, drafter=drafter,
+    with make_engine(models["utf8"], models["utf8_2"], k=k, method=method, drafter=drafter,
                       temp=0.0) as dec:
         chunks, res = stream(dec, prompt, n_predict=40, seed=0)
         pieces: list[str] = []
@@ -173,7 +174,7 @@ def test_streamed_chunks_hold_whole_characters_and_join_to_the_text(models, setu
 @pytest.mark.parametrize("stop,text", [("😀", "é 中"), ("中😀", "é "), ("\u00e9", ""),
                                        ("😀!", "é 中"), ("!", "é 中😀")])
 def test_stop_strings_with_multibyte_characters(models, stop, text):
-    with make_decoder(models["utf8"], models["utf8_2"], k=3, temp=0.0) as dec:
+    with make_engine(models["utf8"], models["utf8_2"], k=3, temp=0.0) as dec:
         chunks, res = stream(dec, [BOS, T(ord("h"))], n_predict=40, stop=[stop], seed=0)
     assert res.stop_reason == "stop" and res.text == text == "".join(chunks)
 
@@ -183,6 +184,6 @@ def test_stop_strings_with_multibyte_characters(models, stop, text):
 def test_a_length_cut_inside_a_character_ends_with_one_replacement_character(models, n, text):
     """Choice: an unfinished UTF-8 character at the very end (the -n limit fell inside it) becomes
     U+FFFD, like Python's errors="replace"; nothing earlier is ever replaced."""
-    with make_decoder(models["utf8"], models["utf8_2"], k=3, temp=0.0) as dec:
+    with make_engine(models["utf8"], models["utf8_2"], k=3, temp=0.0) as dec:
         chunks, res = stream(dec, [BOS, T(ord("h"))], n_predict=n, seed=0)
     assert res.stop_reason == "length" and res.text == text == "".join(chunks)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from cactus_gguf.backend import LlamaModelContext
-from cactus_gguf.decoding import VocabMismatchError
+from cactus_gguf.llama import Context
+from cactus_gguf.spec import VocabMismatchError
 from tiny_gguf import WORDS
 
-from reliability_support import (BOS, EOS, KvShadow, StepLog, ctx, make_decoder, write_llama)
+from reliability_support import (BOS, EOS, KvShadow, StepLog, ctx, make_engine, write_llama)
 
 V = 281
 PROMPT = "the cat sat on"
@@ -48,7 +48,7 @@ def test_special_token_disagreement_is_refused_before_decoding(models, tmp_path,
     other = write_llama(tmp_path / "other.gguf", seed=5, **knob)
     shadow = KvShadow.install(monkeypatch)
     with pytest.raises(VocabMismatchError, match=rf"disagree on {what} \(verifier"):
-        make_decoder(models["ver"], other)
+        make_engine(models["ver"], other)
     assert shadow.decodes == []
 
 
@@ -62,7 +62,7 @@ def test_first_differing_shared_id_is_named(models, tmp_path, monkeypatch, index
     token_id = 259 + index
     with pytest.raises(VocabMismatchError, match=rf"token id {token_id} is '{WORDS[index]}' in the "
                                                  r"verifier and '▁zebra' in the draft"):
-        make_decoder(models["ver"], other)
+        make_engine(models["ver"], other)
     assert shadow.decodes == []
 
 
@@ -70,23 +70,26 @@ def test_a_real_token_past_the_shared_range_is_refused(models, tmp_path):
     longer = write_llama(tmp_path / "longer.gguf", seed=5, words=WORDS + ["▁zebra"])
     for ver, dft in ((models["ver"], longer), (longer, models["ver"])):
         with pytest.raises(VocabMismatchError, match=r"id 281 of longer.gguf \('▁zebra'\) is a real"):
-            make_decoder(ver, dft)
+            make_engine(ver, dft)
 
 
 def test_refused_pair_frees_both_models(models, tmp_path, monkeypatch):
     other = write_llama(tmp_path / "other.gguf", seed=5, eos_id=0)
-    opened: list[LlamaModelContext] = []
-    init = LlamaModelContext.__init__
+    from cactus_gguf.llama import Model
 
-    def tracked(self, *a, **kw):
-        opened.append(self)
-        init(self, *a, **kw)
+    opened: list = []
+    for cls in (Model, Context):
+        init = cls.__init__
 
-    monkeypatch.setattr(LlamaModelContext, "__init__", tracked)
+        def tracked(self, *a, _init=init, **kw):
+            opened.append(self)
+            _init(self, *a, **kw)
+
+        monkeypatch.setattr(cls, "__init__", tracked)
     with pytest.raises(VocabMismatchError):
-        make_decoder(models["ver"], other)
-    assert len(opened) == 2
-    assert all(m._model is None and m._ctx is None for m in opened)
+        make_engine(models["ver"], other)
+    assert sum(isinstance(m, Model) for m in opened) == 2
+    assert all(m.closed for m in opened)
 
 
 # ---- the prompt ids both contexts receive ----------------------------------------------------------
@@ -108,18 +111,18 @@ def _prompt_ids_given(shadow: KvShadow, model, n_prompt: int) -> list[int]:
 def test_both_contexts_receive_the_verifier_alone_prompt_ids(models, monkeypatch, pair, prompt):
     ver, dft = (models[p] for p in pair)
     shadow = KvShadow.install(monkeypatch)
-    with make_decoder(ver, method="none", temp=0.0) as alone:
+    with make_engine(ver, method="none", temp=0.0) as alone:
         want = alone.tokenize(prompt)
         alone.generate(prompt, n_predict=3, seed=0)
         got_alone = _prompt_ids_given(shadow, alone.verifier, len(want))
-    with make_decoder(ver, dft, k=3, temp=0.0) as dec:
+    with make_engine(ver, dft, k=3, temp=0.0) as dec:
         assert dec.tokenize(prompt) == want
         dec.generate(prompt, n_predict=3, seed=0)
         got_ver = _prompt_ids_given(shadow, dec.verifier, len(want))
         got_dft = _prompt_ids_given(shadow, dec.draft, len(want))
     assert got_alone == got_ver == got_dft == want
-    with LlamaModelContext(ver, context_options=ctx()) as m:
-        add_bos = m.add_bos
+    with Context.load(ver, context_options=ctx()) as m:
+        add_bos = m.model.add_bos
     # BOS exactly once when the model asks for it (also when the text starts with "<s>"), else never
     assert want.count(BOS) == (1 if add_bos else prompt.count("<s>"))
     assert (want[0] == BOS) == (add_bos or prompt.startswith("<s>"))
@@ -129,7 +132,7 @@ def test_both_contexts_receive_the_verifier_alone_prompt_ids(models, monkeypatch
 
 def test_padded_verifier_is_accepted_and_the_draft_gives_its_tail_zero(models, monkeypatch):
     steps = StepLog.install(monkeypatch, keep_probs=True)
-    with make_decoder(models["padded_ver"], models["dft"], k=3, temp=1.0) as dec:
+    with make_engine(models["padded_ver"], models["dft"], k=3, temp=1.0) as dec:
         assert (dec.verifier.n_vocab, dec.draft.n_vocab) == (V + 16, V)
         results = [dec.generate(PROMPT, n_predict=40, seed=s) for s in range(12)]
     drafted = [s for s in steps.steps if s[0] > 0]
@@ -144,7 +147,7 @@ def test_padded_verifier_is_accepted_and_the_draft_gives_its_tail_zero(models, m
 
 def test_after_the_verifier_emits_a_padding_id_the_verifier_decodes_alone(models, monkeypatch):
     steps = StepLog.install(monkeypatch)
-    with make_decoder(models["padded_ver"], models["dft"], k=3, temp=1.0) as dec:
+    with make_engine(models["padded_ver"], models["dft"], k=3, temp=1.0) as dec:
         for seed in range(20):
             steps.steps.clear()
             res = dec.generate(PROMPT, n_predict=60, seed=seed)
@@ -164,7 +167,7 @@ def test_after_the_verifier_emits_a_padding_id_the_verifier_decodes_alone(models
 
 def test_padded_draft_never_proposes_its_tail(models, monkeypatch):
     steps = StepLog.install(monkeypatch, keep_probs=True)
-    with make_decoder(models["ver"], models["padded_dft"], k=4, temp=1.5) as dec:
+    with make_engine(models["ver"], models["padded_dft"], k=4, temp=1.5) as dec:
         assert dec.draft.n_vocab == V + 16
         for seed in range(10):
             dec.generate(PROMPT, n_predict=40, seed=seed)
@@ -176,16 +179,16 @@ def test_padded_draft_never_proposes_its_tail(models, monkeypatch):
 
 @pytest.mark.parametrize("k", [1, 4])
 def test_padded_verifier_greedy_equals_verifier_alone(models, k):
-    with make_decoder(models["padded_ver"], method="none", temp=0.0) as alone:
+    with make_engine(models["padded_ver"], method="none", temp=0.0) as alone:
         want = [alone.generate(p, n_predict=50, seed=0).tokens for p in (PROMPT, "hello")]
-    with make_decoder(models["padded_ver"], models["dft"], k=k, temp=0.0) as dec:
+    with make_engine(models["padded_ver"], models["dft"], k=k, temp=0.0) as dec:
         got = [dec.generate(p, n_predict=50, seed=0).tokens for p in (PROMPT, "hello")]
     assert got == want
 
 
 def test_token_id_prompts_outside_the_vocabulary_are_a_clear_error(models, monkeypatch):
     shadow = KvShadow.install(monkeypatch)
-    with make_decoder(models["ver"], models["dft"]) as dec:
+    with make_engine(models["ver"], models["dft"]) as dec:
         for bad in (V, -1, 10**6):
             with pytest.raises(ValueError, match=rf"prompt token id {bad} is outside the verifier's "
                                                  rf"vocabulary \[0, {V}\)"):
@@ -197,9 +200,9 @@ def test_token_id_prompt_with_a_verifier_padding_id_skips_the_draft(models, monk
     """An id only the (padded) verifier has, inside the prompt: the draft cannot take the prompt,
     the verifier decodes alone instead of failing."""
     steps = StepLog.install(monkeypatch)
-    with make_decoder(models["padded_ver"], models["dft"], k=3, temp=0.0) as dec:
+    with make_engine(models["padded_ver"], models["dft"], k=3, temp=0.0) as dec:
         res = dec.generate([BOS, 100, V + 3, 101], n_predict=10, seed=0)
         assert dec.draft.n_past == 0
     assert res.stats.n_tokens >= 1 and all(s[0] == 0 for s in steps.steps)
-    with make_decoder(models["padded_ver"], method="none", temp=0.0) as alone:
+    with make_engine(models["padded_ver"], method="none", temp=0.0) as alone:
         assert alone.generate([BOS, 100, V + 3, 101], n_predict=10, seed=0).tokens == res.tokens

@@ -155,14 +155,6 @@ class PairEntry:
     settings: dict[str, Any] = field(default_factory=dict, hash=False)
     notes: str | None = None
 
-    def __getattr__(self, name: str) -> Any:
-        # Transitional, until api.py and bench read ``settings``: ``pair.k`` is
-        # ``pair.settings["k"]``. Only called when normal lookup fails.
-        settings = self.__dict__.get("settings")
-        if name in RECOMMENDABLE and settings is not None and name in settings:
-            return settings[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form for JSON output: the settings flattened in under their option names."""
         return {"name": self.name, "verifier": self.verifier, "draft": self.draft,

@@ -7,34 +7,24 @@ from contextlib import contextmanager
 
 def signature(engine) -> str:
     """What the float results depend on: llama.cpp's CPU feature line and weight repacking."""
-    import llama_cpp
+    from cactus_gguf.llama import ModelOptions
+    from cactus_gguf.llama.hw import system_info
 
-    info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
-    from cactus_gguf.backend import ModelOptions
-
-    repack = ModelOptions().resolved_repack()
-    return hashlib.sha256(f"{info}|repack={repack}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{system_info()}|repack={ModelOptions().resolved_repack()}".encode()
+                          ).hexdigest()[:16]
 
 
 @contextmanager
 def load_pair(verifier, draft, n_ctx: int):
-    from cactus_gguf.backend import ContextOptions
-    from cactus_gguf.decoding import DecoderConfig, SpeculativeDecoder
+    from cactus_gguf.options import LoadOptions
+    from cactus_gguf.spec import Engine
 
-    with SpeculativeDecoder(verifier, draft, DecoderConfig(k=8, context=ContextOptions(n_ctx=n_ctx))) as dec:
-        yield dec
+    with Engine(verifier, draft, LoadOptions(n_ctx=n_ctx)) as engine:
+        yield engine
 
 
 def generate_ids(engine, prompt: str, c: dict) -> list[int]:
-    import dataclasses
-
-    from cactus_gguf.sampling import AcceptanceParams, SamplingParams
-
-    acc = None if c["method"] == "none" else AcceptanceParams(
-        method=c["method"], delta=c["delta"], solver=c["solver"])
-    engine.config = dataclasses.replace(
-        engine.config, k=c["k"], acceptance=acc, drafter=c["drafter"], draft_min=c["draft_min"],
-        draft_p_min=c["draft_p_min"],
-        sampling=SamplingParams(temperature=c["temperature"], top_k=c["top_k"], top_p=c["top_p"],
-                                min_p=c["min_p"]))
-    return engine.generate(prompt, n_predict=c["n_predict"], seed=c["seed"]).tokens
+    """The case's ids from a cold start (cache_prompt off: nothing reused from the last case)."""
+    keys = ("method", "delta", "solver", "drafter", "k", "draft_min", "draft_p_min", "temperature",
+            "top_k", "top_p", "min_p", "n_predict", "seed")
+    return engine.generate(prompt, cache_prompt=False, **{key: c[key] for key in keys}).tokens

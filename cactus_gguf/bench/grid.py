@@ -1,0 +1,110 @@
+"""The benchmark's configurations, as data: acceptance rule x drafter x draft length k x δ.
+
+Every family but ``none`` (the verifier alone) is crossed with the k grid, the Cactus families also
+with the δ grid. ``schedule`` interleaves them prompt by prompt (the order rotated by one per
+prompt), so machine drift slows every configuration alike.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import InputError
+
+__all__ = ["FAMILIES", "METHODS", "config_grid", "default_methods", "needs_draft_model",
+           "request_for", "schedule"]
+
+# Configuration families, as data: the acceptance rule (None = the verifier alone), who drafts,
+# and whether the family is crossed with the δ grid. Every family but none is crossed with k.
+FAMILIES: dict[str, dict] = {
+    "none": {"acceptance": None, "drafter": None, "per_delta": False},
+    "sps": {"acceptance": "sps", "drafter": "model", "per_delta": False},
+    "cactus": {"acceptance": "cactus", "drafter": "model", "per_delta": True},
+    "typical": {"acceptance": "typical", "drafter": "model", "per_delta": False},
+    "topk": {"acceptance": "topk", "drafter": "model", "per_delta": False},
+    "ngram": {"acceptance": "sps", "drafter": "ngram", "per_delta": False},  # lossless lookup
+    "ngram-cactus": {"acceptance": "cactus", "drafter": "ngram", "per_delta": True},
+}
+METHODS = tuple(FAMILIES)
+
+
+def default_methods(has_draft_model: bool = True) -> tuple[str, ...]:
+    """The default set: none, sps, cactus, typical and ngram.
+    Without a draft model only the configurations that need none (none, ngram)."""
+    methods = ["none", "sps", "cactus", "typical", "ngram"]
+    if not has_draft_model:
+        methods = [m for m in methods if not needs_draft_model(m)]
+    return tuple(methods)
+
+
+def needs_draft_model(method: str) -> bool:
+    return FAMILIES[method]["drafter"] == "model"
+
+
+
+def _fmt_num(x: float) -> str:
+    return f"{x:g}"
+
+
+def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[int]) -> list[dict]:
+    """The configurations of one run, in the base order (rotated per prompt by :func:`schedule`).
+
+    Each is a dict: ``id`` (unique, file-safe), ``label`` (for people), ``method`` (a FAMILIES
+    name), ``acceptance`` (the native rule, None for none), ``drafter`` (None/"model"/"ngram"),
+    ``k`` (None for none), ``delta`` (the Cactus families only). ``none`` comes once; every other
+    family once per k, and once per δ for the Cactus ones.
+
+    Raises ValueError for an unknown method, an empty grid, a k < 1 or a δ < 0.
+    """
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise InputError(f"unknown configuration {unknown[0]!r}: choose from {', '.join(METHODS)}")
+    if not methods:
+        raise InputError("no configurations to run")
+    if not ks or any(not isinstance(k, int) or k < 1 for k in ks):
+        raise InputError(f"k values must be integers >= 1, got {list(ks)}")
+    if any(not (isinstance(d, (int, float)) and d >= 0) for d in deltas):
+        raise InputError(f"delta values must be >= 0 nats, got {list(deltas)}")
+    if any(FAMILIES[m]["per_delta"] for m in methods) and not deltas:
+        raise InputError("cactus needs at least one delta")
+    multi_k = len(ks) > 1
+    out: list[dict] = []
+    if "none" in methods:
+        out.append({"id": "none", "label": "none", "method": "none", "acceptance": None,
+                    "drafter": None, "k": None, "delta": None})
+    for k in ks:
+        suffix = f" k={k}" if multi_k else ""
+        for m in methods:
+            fam = FAMILIES[m]
+            if fam["acceptance"] is None:
+                continue
+            common = {"method": m, "acceptance": fam["acceptance"], "drafter": fam["drafter"], "k": k}
+            if fam["per_delta"]:
+                for d in deltas:
+                    out.append({"id": f"{m}-d{_fmt_num(d)}-k{k}",
+                                "label": f"{m} δ={_fmt_num(d)}{suffix}", **common, "delta": float(d)})
+            else:
+                out.append({"id": f"{m}-k{k}", "label": f"{m}{suffix}", **common, "delta": None})
+    return out
+
+
+
+def request_for(base, cfg: dict):
+    """The Request of configuration ``cfg`` (a :func:`config_grid` dict) on top of ``base``:
+    its acceptance rule, drafter, k and δ; everything else (warps, seed, n_predict) as in base."""
+    if cfg["acceptance"] is None:
+        return base.replace(method="none")
+    changes = {"method": cfg["acceptance"], "drafter": cfg["drafter"], "k": cfg["k"]}
+    if cfg["delta"] is not None:
+        changes["delta"] = cfg["delta"]
+    return base.replace(**changes)
+
+
+def schedule(n_prompts: int, n_configs: int) -> list[tuple[int, int]]:
+    """Run order as (prompt index, config index) pairs: prompt by prompt, every configuration,
+    the configuration order rotated by one at each prompt (prompt i starts with config i mod C)."""
+    order = []
+    for i in range(n_prompts):
+        r = i % n_configs if n_configs else 0
+        order += [(i, c) for c in list(range(r, n_configs)) + list(range(r))]
+    return order
+

@@ -1,0 +1,138 @@
+"""The benchmark report: the summary table (text and Markdown) and the files (JSON, table, plot)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from ..text import columns
+from .summary import quantiles
+
+__all__ = ["format_table", "format_markdown", "write_report", "fmt"]
+
+
+def fmt(x: float | None, fmt: str, none: str = "-") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def format_table(report: dict) -> list[str]:
+    """The summary as aligned text lines: one row per configuration, then the forward costs."""
+    rows = [["config", "k", "tok/s median [q25-q75]", "x none", "x sps", "x none e2e", "AL",
+             "accept", "tok/call", "draft/verify/accept/other", "KL", "pass@1"]]
+    for s in report["summary"]:
+        t = s["tokens_per_second"]
+        share = s["time_share"]
+        rows.append([
+            s["label"], "-" if s["k"] is None else str(s["k"]),
+            f"{fmt(t['median'], '.2f')} [{fmt(t['q25'], '.2f')}-{fmt(t['q75'], '.2f')}]",
+            fmt(s["speedup_vs_none"], ".2f"), fmt(s["speedup_vs_sps"], ".2f"),
+            fmt(s["end_to_end_speedup_vs_none"], ".2f"),
+            fmt(s["mean_accepted_length"], ".2f") if s["k"] is not None else "-",
+            fmt(s["acceptance_rate"], ".0%"),
+            fmt(s["tokens_per_verifier_call"], ".2f"),
+            "/".join(fmt(share[p], ".1%") for p in ("draft", "verify", "accept", "other")),
+            fmt(s["kl_mean"], ".3f") if s["k"] is not None else "-",
+            (f"{s['pass_at_1']:.0%} ({round(s['pass_at_1'] * s['n_scored'])}/{s['n_scored']})"
+             if s["pass_at_1"] is not None else "-"),
+        ])
+    lines = columns(rows)
+    fw = report["forward_ms"]["before"]
+    ver = ", ".join(f"{n} tok {ms:.1f} ms" for n, ms in fw["verifier"].items())
+    lines.append("")
+    lines.append(f"forward cost (median of {fw['repeats']}): verifier {ver}"
+                 + (f"; draft 1 tok {fw['draft']['1']:.1f} ms "
+                    f"(= {fw['draft_over_verifier']:.2f} x verifier 1 tok)" if fw["draft"] else ""))
+    util = quantiles([r["cpu_utilisation"] for r in report["runs"]
+                      if r.get("cpu_utilisation") is not None])
+    load = report.get("load_average") or {}
+    if util["median"] is not None:
+        lines.append(f"CPU time / wall time per run: median {util['median']:.2f}, min {util['min']:.2f} "
+                     f"({report['settings']['n_threads']} threads; lower means other processes took "
+                     f"cores)" + (f"; load average {load['before'][0]:.2f} before, "
+                                  f"{load['after'][0]:.2f} after" if load.get("before") else ""))
+    return lines
+
+
+def format_markdown(report: dict) -> str:
+    """The summary as a Markdown table, then the forward costs and the machine / model facts."""
+    head = ["config", "k", "tok/s median [q25–q75]", "× none", "× sps", "× none, with prefill",
+            "AL", "accept", "tok/call", "draft / verify / accept / other", "KL (nats)", "pass@1"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in report["summary"]:
+        t, share, spec = s["tokens_per_second"], s["time_share"], s["k"] is not None
+        out.append("| " + " | ".join([
+            s["label"], str(s["k"]) if spec else "–",
+            f"{fmt(t['median'], '.2f')} [{fmt(t['q25'], '.2f')}–{fmt(t['q75'], '.2f')}]",
+            fmt(s["speedup_vs_none"], ".2f", "–"), fmt(s["speedup_vs_sps"], ".2f", "–"),
+            fmt(s["end_to_end_speedup_vs_none"], ".2f", "–"),
+            fmt(s["mean_accepted_length"], ".2f") if spec else "–",
+            fmt(s["acceptance_rate"], ".0%", "–"), fmt(s["tokens_per_verifier_call"], ".2f"),
+            " / ".join(fmt(share[p], ".1%") for p in ("draft", "verify", "accept", "other")),
+            fmt(s["kl_mean"], ".3f") if spec else "–",
+            (f"{s['pass_at_1']:.0%} ({round(s['pass_at_1'] * s['n_scored'])}/{s['n_scored']})"
+             if s["pass_at_1"] is not None else "–")]) + " |")
+    fw = report["forward_ms"]
+    out.append("")
+    out.append("Forward cost, median ms of one `llama_decode` (before / after the runs):")
+    out.append("")
+    out.append("| forward | before | after |")
+    out.append("|---|---|---|")
+    for n in fw["before"]["verifier"]:
+        out.append(f"| verifier, {n} token{'s' if n != '1' else ''} | "
+                   f"{fw['before']['verifier'][n]:.1f} | {fw['after']['verifier'][n]:.1f} |")
+    if fw["before"]["draft"]:
+        out.append(f"| draft, 1 token | {fw['before']['draft']['1']:.1f} | {fw['after']['draft']['1']:.1f} |")
+    m, b = report["machine"], report["build"]
+    out.append("")
+    out.append(f"Machine: {m['cpu']}, {m['cores_usable']} usable cores ({', '.join(m['simd'])}), "
+               f"GPU {m['gpu']}, {m['os']}. llama-cpp-python {b['llama_cpp_python']}; "
+               f"llama.cpp `{b['llama_system_info']}`, weight repacking "
+               f"{'off (AMX guard, llama.cpp #20824)' if b['amx_repack_disabled'] else 'on'}; "
+               f"cactus-gguf {b['cactus_gguf']} "
+               f"(git {b['git_commit']}).")
+    for role, mf in report["models"].items():
+        out.append(f"{role.capitalize()}: {mf['file']} ({mf['description']}, sha256 {mf['sha256']}).")
+    return "\n".join(out) + "\n"
+
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+
+
+def write_report(report: dict, output_dir: str | os.PathLike[str], *,
+                 plot: bool = True) -> dict[str, Path | str | None]:
+    """Write ``bench.json``, ``bench.md`` (the Markdown table) and ``bench.png`` (when ``plot`` and
+    matplotlib is installed) into ``output_dir`` (created).
+    Returns {"json": path, "md": path, "png": path or None, "note": message or None}.
+    """
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "bench.json"
+    json_path.write_text(json.dumps(_json_safe(report), indent=1, ensure_ascii=False,
+                                    allow_nan=False) + "\n", encoding="utf-8")
+    md_path = out / "bench.md"
+    md_path.write_text(format_markdown(report), encoding="utf-8")
+    png, note = None, None
+    if plot:
+        try:
+            from .plot import plot_report
+
+            png = plot_report(report, out / "bench.png")
+        except ImportError as e:
+            note = f"no plot: {e}"
+    return {"json": json_path, "md": md_path, "png": png, "note": note}
+
+

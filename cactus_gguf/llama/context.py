@@ -1,0 +1,265 @@
+"""One llama.cpp context over a loaded model: the KV cache, batched decoding, logits, rollback.
+
+Dimension letters: V = vocabulary size (rows of the output layer), n = rows in one batch.
+
+The context remembers the token ids its KV cache holds (``tokens``: positions 0 .. n_past-1 of
+sequence 0), so a caller can reuse the longest common prefix with what it wants the cache to hold
+(:meth:`Context.sync`: llama-server's ``cache_prompt``) instead of decoding everything again.
+Every ``llama_decode`` / ``llama_memory_seq_rm`` result is checked; a failed decode rolls the cache
+back to its state before the call.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+import llama_cpp
+from llama_cpp import _internals
+
+from ..errors import CapacityError, EngineError, InputError
+from ..options import check_value, default
+from . import log
+from .hw import default_threads, physical_memory
+from .model import ModelLoadError, Model, ModelOptions
+
+__all__ = ["ContextOptions", "Context", "DecodeError", "KvCacheTooLargeError"]
+
+
+class DecodeError(EngineError):
+    """``llama_decode`` returned a non-zero status, or a KV-cache edit failed."""
+
+
+class KvCacheTooLargeError(CapacityError):
+    """The KV cache of the requested n_ctx would not fit in the machine's memory."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class ContextOptions:
+    """A llama.cpp context.
+
+    n_ctx: KV-cache size in tokens (llama.cpp ``-c``); 0 = the model's training context.
+    n_batch: most tokens submitted to one ``llama_decode`` (prompt processing is chunked by it).
+    n_threads: CPU threads for generation and batch processing (``-t``); None = all usable cores.
+    flash_attn: "auto", "on" or "off" (llama.cpp ``-fa``).
+    The allowed values are those of the options of the same names (options.py).
+    """
+
+    n_ctx: int = default("n_ctx")
+    n_batch: int = default("n_batch")
+    n_threads: int | None = default("n_threads")
+    flash_attn: str = default("flash_attn")
+
+    def __post_init__(self) -> None:
+        for name in ("n_ctx", "n_batch", "n_threads", "flash_attn"):
+            check_value(name, getattr(self, name))
+
+
+_FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+               "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+               "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+
+
+class Context:
+    """A single-sequence llama.cpp context over ``model``.
+
+    ``tokens``: the ids at positions 0 .. n_past-1 of the KV cache (read-only for callers; every
+    edit goes through decode / truncate / clear / sync). ``model``: the Model; when the context
+    was made by :meth:`load` it owns the model and frees it on ``close()`` (context first).
+
+    Raises ModelLoadError when llama.cpp cannot create the context, KvCacheTooLargeError when the
+    KV cache would not fit in memory.
+    """
+
+    def __init__(self, model: Model, options: ContextOptions = ContextOptions(), *,
+                 owns_model: bool = False) -> None:
+        self.model = model
+        self.owns_model = owns_model
+        self._ctx: _internals.LlamaContext | None = None
+        self._batch: _internals.LlamaBatch | None = None
+        # A KV cache larger than the machine's memory is not an error in llama.cpp: it allocates
+        # (or spends minutes trying) until the OOM killer ends the process. Refuse it up front.
+        n_ctx_eff = options.n_ctx or model.n_ctx_train
+        kv_bytes, ram = model.kv_cache_bytes(n_ctx_eff), physical_memory()
+        if ram and kv_bytes > ram:
+            raise KvCacheTooLargeError(
+                f"{{n_ctx}}={n_ctx_eff} needs about {kv_bytes / 2**30:.1f} GiB of KV cache for "
+                f"{model.path.name}, more than this machine's {ram / 2**30:.1f} GiB of memory: "
+                "lower {n_ctx}", param="n_ctx")
+        cparams = llama_cpp.llama_context_default_params()
+        self.n_threads = options.n_threads or default_threads()
+        cparams.n_ctx = options.n_ctx
+        cparams.n_batch = options.n_batch
+        cparams.n_ubatch = options.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.flash_attn_type = _FLASH_ATTN[options.flash_attn]
+        cparams.no_perf = True
+        log.clear_errors()
+        try:
+            self._ctx = _internals.LlamaContext(model=model._model, params=cparams, verbose=True)
+        except ValueError:
+            raise ModelLoadError(f"llama.cpp could not create a context for {model.path} "
+                                 f"(n_ctx={options.n_ctx}): {log.last_error()}") from None
+        self.ptr = self._ctx.ctx
+        self.memory = self._ctx.memory
+        self.n_ctx: int = llama_cpp.llama_n_ctx(self.ptr)
+        self.n_batch: int = llama_cpp.llama_n_batch(self.ptr)
+        self.tokens: list[int] = []
+        # One reusable batch of n_batch rows; seq_id / n_seq_id never change (one sequence).
+        self._batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1)
+        b = self._batch.batch
+        self._b_token = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self._b_logits = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
+        np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))[:] = 1
+        for i in range(self.n_batch):
+            b.seq_id[i][0] = 0
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], model_options: ModelOptions = ModelOptions(),
+             context_options: ContextOptions = ContextOptions()) -> "Context":
+        """Load the GGUF at ``path`` and create a context that owns it. On any error nothing stays
+        allocated. Raises ModelLoadError / KvCacheTooLargeError."""
+        model = Model(path, model_options)
+        try:
+            return cls(model, context_options, owns_model=True)
+        except BaseException:
+            model.close()
+            raise
+
+    # -- lifetime ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the batch and the context, then the model if this context owns it. Idempotent."""
+        for attr in ("_batch", "_ctx"):
+            obj = getattr(self, attr, None)
+            if obj is not None:
+                obj.close()
+                setattr(self, attr, None)
+        if self.owns_model:
+            self.model.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._ctx is None
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- decoding ----------------------------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        """Tokens whose keys/values are in the KV cache."""
+        return len(self.tokens)
+
+    @property
+    def n_vocab(self) -> int:
+        return self.model.n_vocab
+
+    def decode(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
+        """Append ``tokens`` at positions ``n_past ..`` and run the model.
+
+        Logits are requested only for the last ``n_logits`` rows (0 = none).
+        Returns: float32 [n_logits, V], a zero-copy view on llama.cpp's output buffer, valid until
+        the next decode on this context. Tokens longer than ``n_batch`` are decoded in chunks.
+
+        Raises DecodeError when the context is full or ``llama_decode`` fails; the KV cache is
+        then rolled back to its state before the call.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise InputError("decode needs at least one token")
+        if not 0 <= n_logits <= min(n, self.n_batch):
+            raise InputError(f"n_logits must be in [0, {min(n, self.n_batch)}], got {n_logits}")
+        if self.n_past + n > self.n_ctx:
+            raise DecodeError(f"context full: {self.n_past} + {n} tokens > n_ctx={self.n_ctx}")
+        start = self.n_past
+        # Chunks of n_batch with the short one first: the last chunk holds the last
+        # min(n, n_batch) >= n_logits rows, so every requested row is in the last decode's output
+        # (llama_get_logits only holds the last call's rows).
+        first_chunk = n - (n - 1) // self.n_batch * self.n_batch  # in [1, n_batch]
+        bounds = [0, *range(first_chunk, n + 1, self.n_batch)]
+        for c0, c1 in zip(bounds, bounds[1:]):
+            chunk = tokens[c0:c1]
+            m = len(chunk)
+            self._b_token[:m] = chunk
+            self._b_pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
+            # logits wanted for global rows n - n_logits .. n - 1
+            first_out = max(0, (n - n_logits) - c0)
+            self._b_logits[:m] = 0
+            if first_out < m:
+                self._b_logits[first_out:m] = 1
+            self._batch.batch.n_tokens = m
+            rc = llama_cpp.llama_decode(self.ptr, self._batch.batch)
+            if rc != 0:
+                # let truncate() drop whatever the failed call may have stored
+                self.tokens.extend(int(t) for t in chunk)
+                self.truncate(start)
+                what = {1: "no KV-cache slot for the batch (context full)",
+                        2: "aborted"}.get(rc, "error")
+                raise DecodeError(f"llama_decode returned {rc}: {what}")
+            self.tokens.extend(int(t) for t in chunk)
+        return self.logits(n_logits) if n_logits else np.empty((0, self.n_vocab), np.float32)
+
+    def logits(self, n_rows: int) -> np.ndarray:
+        """The last decode's output logits: float32 [n_rows, V], a zero-copy view."""
+        ptr = llama_cpp.llama_get_logits(self.ptr)
+        if not ptr:
+            raise DecodeError("llama_get_logits returned NULL")
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+
+    def truncate(self, n_keep: int) -> None:
+        """Roll the KV cache back so that it holds exactly positions ``0 .. n_keep-1``.
+
+        Raises DecodeError when llama.cpp cannot remove the tail (``llama_memory_seq_rm`` false).
+        """
+        if not 0 <= n_keep <= self.n_past:
+            raise InputError(f"n_keep must be in [0, {self.n_past}], got {n_keep}")
+        if n_keep == self.n_past:
+            return
+        if not llama_cpp.llama_memory_seq_rm(self.memory, 0, n_keep, -1):
+            raise DecodeError(f"llama_memory_seq_rm could not remove positions >= {n_keep}")
+        del self.tokens[n_keep:]
+
+    def clear(self) -> None:
+        """Empty the KV cache."""
+        llama_cpp.llama_memory_clear(self.memory, True)
+        self.tokens.clear()
+
+    def sync(self, target: Sequence[int], *, reuse: bool = True) -> int:
+        """Make the cache hold exactly ``target``, reusing the longest common prefix of what it
+        holds (``reuse``; else from empty) and decoding only the rest, without logits.
+
+        Returns the number of tokens reused (not decoded again). Raises DecodeError as decode.
+        """
+        held = self.tokens
+        n = 0
+        if reuse:
+            limit = min(len(held), len(target))
+            while n < limit and held[n] == target[n]:
+                n += 1
+        if n == 0:
+            self.clear()
+        else:
+            try:
+                self.truncate(n)
+            except DecodeError:  # a cache that cannot drop a tail (llama.cpp refused): start over
+                self.clear()
+                n = 0
+        if len(target) > n:
+            self.decode(target[n:], n_logits=0)
+        return n
+
+    def kv_pos_max(self) -> int:
+        """Largest position stored in the KV cache for sequence 0 (-1 when empty)."""
+        return llama_cpp.llama_memory_seq_pos_max(self.memory, 0)

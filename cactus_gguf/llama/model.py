@@ -1,0 +1,202 @@
+"""One GGUF model: load options, loading, vocabulary facts, text <-> token ids, chat template.
+
+Weights and vocabulary come from ``llama_cpp._internals.LlamaModel`` (the owning wrapper
+llama-cpp-python builds its ``Llama`` class on); everything else calls the C functions directly.
+Contexts (KV cache, decoding) are in ``context.py``; a model outlives its contexts.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp
+from llama_cpp import _internals
+
+from ..errors import EngineError, InputError
+from ..options import check_value, default
+from . import log
+from .hw import build_has_amx, cpu_has_amx
+
+__all__ = ["ModelOptions", "ModelLoadError", "Model", "check_gguf_path"]
+
+
+class ModelLoadError(InputError):
+    """A GGUF file could not be loaded (missing, not GGUF, truncated, unsupported architecture)."""
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How to load a GGUF file.
+
+    n_gpu_layers: layers to offload to the GPU (llama.cpp ``-ngl``); -1 = all, 0 = CPU only.
+        Ignored by CPU-only builds of llama.cpp.
+    use_mmap: memory-map the file instead of reading it into memory.
+    repack: allow llama.cpp's extra buffer types (weight repacking for faster CPU kernels).
+        None = automatic: on, except when both the CPU and the llama.cpp build have AMX, where
+        repacking Q4_K weights into AMX buffers segfaults (llama.cpp issue #20824).
+    """
+
+    n_gpu_layers: int = default("n_gpu_layers")
+    use_mmap: bool = True
+    repack: bool | None = None
+
+    def __post_init__(self) -> None:
+        check_value("n_gpu_layers", self.n_gpu_layers)
+
+    def resolved_repack(self) -> bool:
+        if self.repack is not None:
+            return self.repack
+        return not (cpu_has_amx() and build_has_amx())
+
+
+def check_gguf_path(path: str | os.PathLike[str]) -> Path:
+    """Check that ``path`` names a readable GGUF file before llama.cpp sees it.
+
+    Raises ModelLoadError (one line) for a missing path, a directory or a file without the GGUF magic.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"model file not found: {p}")
+    if p.is_dir():
+        raise ModelLoadError(f"{p} is a directory: give the path of a .gguf file")
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {p}: {e.strerror}") from None
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{p} is not a GGUF file (no GGUF magic): convert it with llama.cpp's "
+                             "convert_hf_to_gguf.py or download a .gguf")
+    return p
+
+
+class Model:
+    """A loaded GGUF model: weights and vocabulary. ``close()`` frees it (after its contexts).
+
+    Token ids are int in [0, n_vocab). Raises ModelLoadError when the file cannot be loaded.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], options: ModelOptions = ModelOptions()) -> None:
+        log.init_backend()
+        self.path = check_gguf_path(path)
+        self._model: _internals.LlamaModel | None = None
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 999
+        mparams.load_mode = (llama_cpp.LLAMA_LOAD_MODE_MMAP if options.use_mmap
+                             else llama_cpp.LLAMA_LOAD_MODE_NONE)
+        mparams.use_extra_bufts = options.resolved_repack()
+        log.clear_errors()
+        try:
+            self._model = _internals.LlamaModel(path_model=str(self.path), params=mparams,
+                                                verbose=True)
+        except ValueError:
+            raise ModelLoadError(f"llama.cpp could not load {self.path}: {log.last_error()}") from None
+        self.ptr = self._model.model
+        self.vocab = self._model.vocab
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(self.ptr)
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    def close(self) -> None:
+        """Free the weights. Idempotent."""
+        if self._model is not None:
+            self._model.close()
+            self._model = None
+
+    @property
+    def closed(self) -> bool:
+        return self._model is None
+
+    # -- facts -------------------------------------------------------------------------------------
+
+    def metadata(self, key: str) -> str | None:
+        """A GGUF metadata value as a string, or None when the key is absent."""
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        """The GGUF's default Jinja chat template (``tokenizer.chat_template``), or None."""
+        ptr = llama_cpp.llama_model_chat_template(self.ptr, None)
+        return ptr.decode("utf-8") if ptr else None
+
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self.ptr, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def kv_cache_bytes(self, n_ctx: int) -> int:
+        """Estimated size of an f16 KV cache of ``n_ctx`` tokens, bytes:
+        n_ctx x layers x (K + V) x head size x KV heads x 2 bytes."""
+        head = llama_cpp.llama_model_n_embd(self.ptr) // max(1, llama_cpp.llama_model_n_head(self.ptr))
+        return (n_ctx * llama_cpp.llama_model_n_layer(self.ptr) * 2 * head
+                * llama_cpp.llama_model_n_head_kv(self.ptr) * 2)
+
+    @property
+    def bos(self) -> int:
+        return llama_cpp.llama_vocab_bos(self.vocab)
+
+    @property
+    def eos(self) -> int:
+        return llama_cpp.llama_vocab_eos(self.vocab)
+
+    @property
+    def eot(self) -> int:
+        return llama_cpp.llama_vocab_eot(self.vocab)
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+
+    @property
+    def vocab_type(self) -> int:
+        return llama_cpp.llama_vocab_type(self.vocab)
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, and the model's other EOG ids)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary entry of ``token`` as stored in the GGUF (not detokenized)."""
+        return llama_cpp.llama_vocab_get_text(self.vocab, token) or b""
+
+    def token_attr(self, token: int) -> int:
+        return llama_cpp.llama_vocab_get_attr(self.vocab, token)
+
+    # -- text <-> tokens ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids for ``text``; ``add_special`` adds BOS where the model wants it."""
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special,
+                                         parse_special)
+            if n < 0:
+                raise EngineError(f"llama_tokenize failed ({n}) for a {len(data)}-byte text")
+        return list(buf[:n])
+
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes ``token`` contributes to the text (may be part of a UTF-8 character)."""
+        buf = self._piece_buf
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:  # piece longer than the buffer: -n bytes are needed
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        return b"".join(self.token_to_piece(t, special=special) for t in tokens).decode(
+            "utf-8", errors="replace")

@@ -1,0 +1,141 @@
+"""Who proposes the draft tokens: the Drafter interface and its two implementations.
+
+A drafter proposes up to k tokens after the committed ones; the engine's step verifies them. Its
+lifecycle within a generation: ``reset(prompt)`` once, then per step ``room`` / ``propose``, then
+``rollback`` to what was committed. ``resync`` puts it back after another generation used the
+shared draft context in between (an interleaved stream).
+
+Glossary (engine.py): committed = the prompt plus every emitted token; pending = committed tokens a
+context has not decoded yet (usually just the newest one).
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from ..llama import Context
+from ..sampling import NativeSampler
+from .policy import DraftPolicy
+
+__all__ = ["Drafter", "ModelDrafter", "NgramDrafter"]
+
+
+class Drafter(Protocol):
+    """Proposes draft tokens. ``deterministic``: the proposal is one token, not a distribution
+    (p one-hot: the engine passes no draft rows to the acceptance test)."""
+
+    deterministic: bool
+
+    def reset(self, prompt: Sequence[int], *, reuse: bool) -> int | None:
+        """Prepare to draft after ``prompt``. Returns the prompt tokens reused from an earlier
+        generation's state (0 if none), or None when this drafter cannot draft for this prompt
+        (the verifier then decodes alone)."""
+
+    def resync(self, committed: Sequence[int]) -> bool:
+        """Restore the state for ``committed`` after another generation changed it; False when it
+        can no longer follow them."""
+
+    def room(self, committed: Sequence[int]) -> int:
+        """Most tokens it can draft now (0: it can no longer follow the generation)."""
+
+    def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
+                probs: np.ndarray, tokens: np.ndarray) -> int:
+        """Draft up to ``k`` tokens into ``tokens`` (int32 [>=k]) and, unless deterministic, their
+        warped distributions into ``probs`` (float32 [>=k, V]); returns how many."""
+
+    def rollback(self, n_keep: int) -> None:
+        """Forget state past the first ``n_keep`` committed tokens."""
+
+
+class ModelDrafter:
+    """Drafts by sampling the draft GGUF autoregressively from its warped distribution p.
+
+    Its KV cache holds a prefix of the committed tokens; ``propose`` first decodes the pending ones
+    (one, or two after an all-accepted step, where the last draft was never decoded).
+    """
+
+    deterministic = False
+
+    def __init__(self, ctx: Context, n_vocab: int) -> None:
+        self.ctx = ctx
+        self.n_logits = min(n_vocab, ctx.n_vocab)  # never propose an id the verifier lacks
+
+    def reset(self, prompt: Sequence[int], *, reuse: bool) -> int | None:
+        if self._room_for(prompt, 0) < 1:
+            self.ctx.clear()
+            return None
+        return self.ctx.sync(prompt[:-1], reuse=reuse)
+
+    def resync(self, committed: Sequence[int]) -> bool:
+        if self._room_for(committed, 0) < 1:
+            return False
+        self.ctx.sync(committed[:-1])
+        return True
+
+    def _room_for(self, committed: Sequence[int], n_held: int) -> int:
+        # 0 when a pending token is an id its vocabulary lacks (an unused padding id of a longer
+        # verifier vocabulary, sampled by the verifier): it cannot follow from there
+        if max(committed[n_held:], default=0) >= self.ctx.n_vocab:
+            return 0
+        # it decodes the pending tokens plus d_1 .. d_{k-1}
+        return self.ctx.n_ctx - len(committed) + 1
+
+    def room(self, committed: Sequence[int]) -> int:
+        return self._room_for(committed, self.ctx.n_past)
+
+    def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
+                probs: np.ndarray, tokens: np.ndarray) -> int:
+        row = self.ctx.decode(committed[self.ctx.n_past:], n_logits=1)[0]
+        n = 0
+        for i in range(k):
+            d = sampler.draft(row[:self.n_logits], probs[i])
+            if policy.too_unsure(probs[i]):
+                break  # the draft is unsure: verify what we have
+            tokens[i] = d
+            n += 1
+            if i == k - 1 or self.ctx.model.is_eog(d):
+                break  # nothing to propose after the last draft or an end-of-generation token
+            row = self.ctx.decode([d], n_logits=1)[0]
+        return n
+
+    def rollback(self, n_keep: int) -> None:
+        self.ctx.truncate(min(self.ctx.n_past, n_keep))
+
+
+class NgramDrafter:
+    """Prompt-lookup drafting: find the latest earlier occurrence of the last n committed tokens
+    (n from ``n_max`` down to ``n_min``) and propose the tokens that followed it.
+
+    A deterministic proposal: p is one-hot at each drafted token, so Cactus accepts with
+    probability h[n] and SpS with q[n].
+    """
+
+    deterministic = True
+
+    def __init__(self, n_max: int, n_min: int) -> None:
+        self.n_max, self.n_min = n_max, n_min
+
+    def reset(self, prompt: Sequence[int], *, reuse: bool) -> int | None:
+        return 0
+
+    def resync(self, committed: Sequence[int]) -> bool:
+        return True
+
+    def room(self, committed: Sequence[int]) -> int:
+        return 1 << 30  # no context of its own
+
+    def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
+                probs: np.ndarray, tokens: np.ndarray) -> int:
+        L = len(committed)
+        for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
+            pattern = committed[L - n:]
+            for start in range(L - n - 1, -1, -1):
+                if committed[start:start + n] == pattern:
+                    follow = committed[start + n:start + n + k]
+                    tokens[:len(follow)] = follow
+                    return len(follow)
+        return 0
+
+    def rollback(self, n_keep: int) -> None:
+        pass

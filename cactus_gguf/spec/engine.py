@@ -1,0 +1,381 @@
+"""The engine: two loaded models, their KV caches, and the draft-verify step.
+
+Dimension letters: k = draft length (tokens proposed per step), V = verifier vocabulary size.
+
+Glossary (see ``native/cactus_native.h`` for the acceptance math):
+  committed   the prompt plus every emitted token; both KV caches hold a prefix of it
+  pending     committed tokens a context has not decoded yet (usually just the newest one)
+  drafted     tokens the drafter proposed this step, d_1 .. d_k
+  accepted    the drafted tokens the acceptance rule kept, d_1 .. d_AL  (AL = acceptance length)
+  residual    the token emitted at the first rejection; bonus: the token emitted when all k pass
+
+One step, for committed tokens t_0 .. t_{L-1} (t_{L-1} pending in both contexts):
+  draft:   the drafter proposes d_1 .. d_k (the model drafter decodes its pending tokens, then
+           samples one token at a time, keeping each warped draft distribution p_i,
+           float32 [k, V]);
+  verify:  one verifier decode of [t_{L-1}, d_1 .. d_k] with logits for all k+1 rows
+           (float32 [k+1, V], read in place);
+  accept:  the native helper returns AL and the residual / bonus token;
+  commit:  append d_1 .. d_AL and that token; roll both KV caches back to the committed prefix.
+
+Between requests the caches keep what they hold: a new request reuses the longest common prefix of
+its prompt with it (llama-server's ``cache_prompt``) and decodes only the rest. One generation runs
+at a time; a step takes the engine's lock, and a generation whose caches were used by another one
+in between (an interleaved stream) gets them restored to its own committed tokens first.
+"""
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import ContextLengthError, EngineBusyError, InputError
+from ..llama import Context, ContextOptions, ModelOptions
+from ..options import LoadOptions, Request, validate_pairing
+from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampling_params
+from ..stats import GenerationResult
+from ..text import render_chat
+from .drafters import ModelDrafter, NgramDrafter
+from .policy import FixedDraftLength
+from .session import Session
+from .vocab import check_vocab_compatible
+
+__all__ = ["Engine", "Stream"]
+
+
+class Stream(Iterator[str]):
+    """The text pieces of one generation as they become final (whole UTF-8 characters, never part
+    of a stop string); ``result`` holds the GenerationResult once the iterator is exhausted.
+    ``close()`` (or dropping it) abandons the generation; the engine stays ready."""
+
+    def __init__(self, pieces: Iterator[str]) -> None:
+        self._pieces = pieces
+        self.result: GenerationResult | None = None
+
+    def __next__(self) -> str:
+        try:
+            return next(self._pieces)
+        except StopIteration as done:
+            self.result = done.value
+            raise StopIteration from None
+
+    def close(self) -> None:
+        self._pieces.close()
+
+
+class Engine:
+    """A verifier GGUF and an optional draft GGUF, loaded once, serving generations.
+
+    Example::
+
+        with Engine("verifier.gguf", "draft.gguf", LoadOptions(n_ctx=4096)) as eng:
+            r = eng.generate("def add(a, b):", n_predict=64, seed=1, k=4, temperature=0.6)
+            print(r.text, r.stats.mean_accepted_length, r.stats.n_prompt_tokens_reused)
+
+    Args:
+        verifier, draft: GGUF paths (draft None: method none or the ngram drafter only).
+        load: context size, batch, threads, GPU offload, flash attention (options.py).
+        defaults: the Request each call starts from (its keyword overrides apply on top).
+        draft_context: the draft's own context options, when they should differ (e.g. a smaller
+            n_ctx); default: the verifier's.
+        repack: weight repacking for both models (None = automatic, see ModelOptions).
+    Raises:
+        ModelLoadError (a file llama.cpp cannot load), VocabMismatchError (an incompatible pair),
+        KvCacheTooLargeError, InputError (bad options). Nothing stays loaded after an error.
+    """
+
+    def __init__(self, verifier: str | Path, draft: str | Path | None = None,
+                 load: LoadOptions | None = None, *, defaults: Request | None = None,
+                 draft_context: ContextOptions | None = None, repack: bool | None = None) -> None:
+        self.load_options = load if load is not None else LoadOptions()
+        self.defaults = defaults if defaults is not None else Request()
+        lo = self.load_options
+        ctx_opts = ContextOptions(n_ctx=lo.n_ctx, n_batch=lo.n_batch, n_threads=lo.n_threads,
+                                  flash_attn=lo.flash_attn)
+        self.verifier: Context | None = None
+        self.draft: Context | None = None
+        try:
+            self.verifier = Context.load(verifier, ModelOptions(lo.n_gpu_layers, repack=repack),
+                                         ctx_opts)
+            if draft is not None:
+                self.draft = Context.load(draft, ModelOptions(lo.n_gpu_layers_draft, repack=repack),
+                                          draft_context or ctx_opts)
+                check_vocab_compatible(self.verifier.model, self.draft.model)
+        except BaseException:
+            self.close()
+            raise
+        self._lock = threading.RLock()
+        self._owner: Session | None = None  # the session the caches currently hold
+        self._buffers_k = 0
+
+    # -- lifetime ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free both models (contexts first). Idempotent."""
+        for c in (self.draft, self.verifier):
+            if c is not None:
+                c.close()
+        self.draft = self.verifier = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def reset(self) -> None:
+        """Empty both KV caches (the next request reuses nothing)."""
+        with self._lock:
+            for c in (self.verifier, self.draft):
+                if c is not None:
+                    c.clear()
+            self._owner = None
+
+    # -- prompts -----------------------------------------------------------------------------------
+
+    def tokenize(self, prompt: str) -> list[int]:
+        """The verifier's token ids for ``prompt``; both contexts receive exactly these ids.
+
+        BOS is added when the model wants it, unless the text already starts with the BOS token
+        (as a rendered chat template often does): never a double BOS.
+        """
+        m = self._live().model
+        bos_text = m.token_text(m.bos).decode("utf-8", "replace") if m.bos >= 0 else ""
+        add_special = not (m.add_bos and bos_text and prompt.startswith(bos_text))
+        return m.tokenize(prompt, add_special=add_special, parse_special=True)
+
+    def format_chat(self, messages: Sequence[dict]) -> str:
+        """Render ``messages`` ([{"role": ..., "content": ...}]) with the GGUF's chat template."""
+        m = self._live().model
+        return render_chat(m.chat_template(), messages, model_name=m.path.name,
+                           eos=m.token_text(m.eos).decode("utf-8", "replace"),
+                           bos=m.token_text(m.bos).decode("utf-8", "replace"))
+
+    # -- generation --------------------------------------------------------------------------------
+
+    def request(self, request: Request | None = None, **overrides) -> Request:
+        """``request`` (default: the engine's defaults) with ``overrides`` applied, validated."""
+        base = request if request is not None else self.defaults
+        if not isinstance(base, Request):
+            raise InputError(f"request must be a Request, got {type(base).__name__}")
+        return base.replace(**overrides) if overrides else base
+
+    def generate(self, prompt: str | Sequence[int], request: Request | None = None, *,
+                 on_text: Callable[[str], None] | None = None, wait: bool = True,
+                 **overrides) -> GenerationResult:
+        """Generate after ``prompt`` (text, or token ids) with ``request`` and keyword overrides
+        (any Request field: ``n_predict=64, seed=1, stop="return", k=4, method="sps"`` ...).
+
+        ``on_text`` receives each piece of text as soon as it is final. ``wait`` False raises
+        EngineBusyError instead of waiting while another generation holds the engine.
+        Raises InputError (bad arguments, empty prompt), ContextLengthError (the prompt does not
+        fit n_ctx), EngineError (llama.cpp or the native helper failed).
+        """
+        session = self._begin(prompt, self.request(request, **overrides))
+        with self._acquire(wait):
+            while not session.finished:
+                for piece in self._advance(session):
+                    if on_text is not None:
+                        on_text(piece)
+        return session.result
+
+    def stream(self, prompt: str | Sequence[int], request: Request | None = None, *,
+               wait: bool = True, **overrides) -> Stream:
+        """Like :meth:`generate`, as an iterator of text pieces (a :class:`Stream`; its ``result``
+        is set once exhausted). Arguments are checked here; the engine is taken per step, so
+        other callers may run between two pieces. ``wait`` applies to the first step."""
+        session = self._begin(prompt, self.request(request, **overrides))
+        return Stream(self._pieces(session, wait))
+
+    def chat(self, messages: Sequence[dict], request: Request | None = None, **kwargs
+             ) -> GenerationResult:
+        """:meth:`generate` on ``messages`` rendered with the GGUF chat template."""
+        return self.generate(self.format_chat(messages), request, **kwargs)
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _live(self) -> Context:
+        if self.verifier is None:
+            raise InputError("the engine is closed")
+        return self.verifier
+
+    @contextlib.contextmanager
+    def _acquire(self, wait: bool):
+        if not self._lock.acquire(blocking=wait):
+            raise EngineBusyError("the engine is serving another generation: wait for it to end "
+                                  "(wait=True) or use another engine")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _pieces(self, session: Session, wait: bool):
+        first = True
+        while not session.finished:
+            with self._acquire(wait or not first):
+                pieces = self._advance(session)
+            first = False
+            yield from pieces
+        return session.result
+
+    def _begin(self, prompt, req: Request) -> Session:
+        """Check the prompt and the request against this engine; a Session ready to prefill."""
+        ver = self._live()
+        validate_pairing(self.load_options, req)
+        if isinstance(prompt, str):
+            tokens = self.tokenize(prompt)
+        elif isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
+            raise InputError(f"prompt must be a str or a sequence of token ids, got "
+                             f"{type(prompt).__name__}", param="prompt")
+        else:
+            tokens = [int(t) for t in prompt]
+        if not tokens:
+            raise InputError("the prompt is empty: give some text to continue", param="prompt")
+        bad = next((t for t in tokens if not 0 <= t < ver.n_vocab), None)
+        if bad is not None:
+            raise InputError(f"prompt token id {bad} is outside the verifier's vocabulary "
+                             f"[0, {ver.n_vocab})", param="prompt")
+        if len(tokens) >= ver.n_ctx:
+            raise ContextLengthError(
+                f"the prompt is {len(tokens)} tokens and {{n_ctx}} is {ver.n_ctx}: raise {{n_ctx}} "
+                f"above {len(tokens)} or shorten the prompt by {len(tokens) - ver.n_ctx + 1} "
+                "tokens", param="n_ctx")
+        acceptance = acceptance_params(req)
+        drafter = None
+        if acceptance is not None:
+            if req.drafter == "ngram":
+                drafter = NgramDrafter(req.ngram_max, req.ngram_min)
+            elif self.draft is None:
+                raise InputError(f"{{method}} {req.method} with {{drafter}} model needs a draft "
+                                 "model, and this engine has none: load one, or use drafter "
+                                 "ngram or method none", param="method", options=("drafter",))
+            else:
+                drafter = ModelDrafter(self.draft, ver.n_vocab)
+                if req.k >= self.draft.n_batch:
+                    raise InputError(f"{{k}}={req.k} must be below the draft's n_batch="
+                                     f"{self.draft.n_batch}", param="k")
+        seed = req.seed if req.seed >= 0 else secrets.randbits(32)
+        sampler = NativeSampler(ver.n_vocab, sampling_params(req),
+                                acceptance or AcceptanceParams(method="sps"), seed)
+        return Session(tokens, req, seed, sampler, drafter, FixedDraftLength.from_request(req))
+
+    def _advance(self, session: Session) -> list[str]:
+        """Under the lock: process the prompt, or run one step; the text released."""
+        self._live()
+        try:
+            if not session.started:
+                self._prefill(session)
+                return []
+            if self._owner is not session:
+                self._resync(session)
+            pieces = self._step(session)
+            if session.finished:
+                pieces += session.finish()
+            return pieces
+        except BaseException:
+            self._owner = None  # the caches may hold part of a step: restore before any reuse
+            session.finished = True
+            raise
+
+    def _prefill(self, session: Session) -> None:
+        """Decode the prompt but its last token (which opens the first verification batch),
+        reusing what the caches already hold."""
+        t0 = session.t_prefill = time.perf_counter()
+        reuse = session.request.cache_prompt
+        prompt = session.prompt
+        session.stats.n_prompt_tokens_reused = self.verifier.sync(prompt[:-1], reuse=reuse)
+        if session.drafter is not None:
+            reused = session.drafter.reset(prompt, reuse=reuse)
+            if reused is None:
+                session.drafter = None  # the prompt does not fit the draft: the verifier alone
+            else:
+                session.stats.n_draft_prompt_tokens_reused = reused
+        session.stats.prefill_seconds = time.perf_counter() - t0
+        self._owner = session
+        session.started = True
+        session.t_start = time.perf_counter()
+
+    def _resync(self, session: Session) -> None:
+        """Another generation used the caches since this session's last step: make them hold
+        this session's committed tokens again (prefix reuse keeps what both share)."""
+        self.verifier.sync(session.committed[:-1])
+        if session.drafter is not None and not session.drafter.resync(session.committed):
+            session.drafter = None
+        self._owner = session
+
+    def _buffers(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Draft distributions p, float32 [k, V], and drafted ids, int32 [k]; grown on demand.
+        Columns past the draft's vocabulary stay 0 (it never proposes those ids)."""
+        if k > self._buffers_k:
+            self._draft_probs = np.zeros((k, self.verifier.n_vocab), dtype=np.float32)
+            self._draft_tokens = np.zeros(k, dtype=np.int32)
+            self._buffers_k = k
+        return self._draft_probs, self._draft_tokens
+
+    def _draft(self, session: Session, k: int, probs: np.ndarray, tokens: np.ndarray) -> int:
+        """The draft part of a step: how many tokens were drafted into ``tokens`` / ``probs``."""
+        drafter, committed = session.drafter, session.committed
+        if drafter is not None and k > 0 and drafter.room(committed) < 1:
+            session.drafter = drafter = None  # the draft's context is full: the verifier alone
+        if drafter is None or k <= 0:
+            return 0
+        k = min(k, drafter.room(committed))
+        n = drafter.propose(committed, k, session.sampler, session.policy, probs, tokens)
+        return session.policy.keep(n)  # too short to be worth a batched verification: 0
+
+    def _step(self, session: Session) -> list[str]:
+        """One draft-verify-accept-commit step; the text it released."""
+        ver, stats, committed = self.verifier, session.stats, session.committed
+        # The verifier holds committed[:-1]; the batch adds the pending token plus k drafts,
+        # so k <= n_ctx - len(committed). Below 0 not even the pending token fits.
+        room_v = ver.n_ctx - len(committed)
+        if room_v < 0:
+            session.stop("length", f"context full (n_ctx={ver.n_ctx})")
+            return []
+        # ... and the batch must fit one llama_decode: k <= n_batch - 1
+        k = session.policy.draft_length(min(session.remaining - 1, room_v, ver.n_batch - 1))
+        probs, tokens = self._buffers(max(k, 1))
+
+        td = time.perf_counter()
+        n_drafted = self._draft(session, k, probs, tokens)
+        tv = time.perf_counter()
+        stats.draft_seconds += tv - td
+
+        # verify: one decode of the pending token(s) + the drafts, logits for n_drafted + 1 rows
+        logits = ver.decode(committed[ver.n_past:] + tokens[:n_drafted].tolist(),
+                            n_logits=n_drafted + 1)
+        ta = time.perf_counter()
+        stats.verify_seconds += ta - tv
+
+        if session.request.method == "none":
+            n_acc, nxt = 0, session.sampler.sample(logits[0])
+        else:
+            deterministic = session.drafter is None or session.drafter.deterministic
+            p = None if n_drafted == 0 or deterministic else probs[:n_drafted]
+            res = session.sampler.verify(p, tokens[:n_drafted], logits)
+            n_acc, nxt = res.n_accepted, res.next_token
+            stats.n_evaluated += res.n_evaluated
+            stats.kl_sum += res.kl_sum
+            stats.kl_max = max(stats.kl_max, res.kl_max)
+        stats.accept_seconds += time.perf_counter() - ta
+        stats.n_steps += 1
+        stats.n_drafted += n_drafted
+        stats.n_accepted += n_acc
+        session.policy.observe(n_drafted, n_acc, tv - td, ta - tv)
+
+        n_before = len(committed)
+        model = ver.model
+        pieces = session.emit(tokens[:n_acc].tolist() + [nxt], model.is_eog, model.token_to_piece)
+        # Roll back: the verifier keeps t_0 .. t_{L-1} + the accepted drafts (the new pending
+        # token is decoded next step); the draft keeps at most that much. After a stop inside
+        # the block (EOS, stop string, length) that is committed[:-1]: nothing past the end.
+        keep = min(n_before + n_acc, len(committed) - 1)
+        ver.truncate(min(ver.n_past, keep))
+        if session.drafter is not None:
+            session.drafter.rollback(keep)
+        return pieces

@@ -1,0 +1,91 @@
+"""One generation's state: the request, the committed token ids, the sampler (its RNG), the
+drafter and draft-length policy, the text released so far, and the statistics.
+
+The engine (engine.py) runs the steps; a session only records what they emit. Sessions are
+independent: two of them never share an RNG, a drafter or text state, so generations may
+interleave on one engine (the engine restores its caches to a session's committed tokens when
+it resumes another one).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+from ..stats import GenerationResult, GenerationStats
+from ..text import TextStream
+from .drafters import Drafter
+from .policy import DraftPolicy
+
+__all__ = ["Session"]
+
+
+class Session:
+    """State of one generation.
+
+    prompt / committed: token ids (committed = prompt + every emitted token); out_tokens: the
+    emitted ids. sampler: the NativeSampler (owns this generation's RNG). drafter: None when the
+    verifier decodes alone (method none, or the draft cannot follow any more).
+    """
+
+    def __init__(self, prompt: Sequence[int], request, seed: int, sampler, drafter: Drafter | None,
+                 policy: DraftPolicy) -> None:
+        self.request = request
+        self.seed = seed
+        self.prompt = list(prompt)
+        self.committed = list(prompt)
+        self.out_tokens: list[int] = []
+        self.sampler = sampler
+        self.drafter = drafter
+        self.policy = policy
+        self.stats = GenerationStats(n_prompt_tokens=len(prompt))
+        self.text = TextStream(request.stop)
+        self.stop_reason, self.message = "length", ""
+        self.started = False  # prompt processed
+        self.finished = False
+        self.result: GenerationResult | None = None
+        self.t_prefill = 0.0  # when prompt processing began
+        self.t_start = 0.0    # when decoding began (after it)
+
+    @property
+    def remaining(self) -> int:
+        return self.request.n_predict - len(self.out_tokens)
+
+    def emit(self, tokens: Sequence[int], is_eog: Callable[[int], bool],
+             piece: Callable[[int], bytes]) -> list[str]:
+        """Commit the step's emitted tokens in order, stopping at the first end-of-generation
+        token (not committed), stop string or the n_predict limit. Returns the text released."""
+        out = []
+        if not self.out_tokens and not self.stats.first_token_seconds:
+            self.stats.first_token_seconds = time.perf_counter() - self.t_prefill
+        for tok in tokens:
+            if is_eog(tok):
+                self.stop_reason, self.finished = "eos", True
+                break
+            self.committed.append(tok)
+            self.out_tokens.append(tok)
+            text = self.text.feed(piece(tok))
+            if text:
+                out.append(text)
+            if self.text.stopped:
+                self.stop_reason, self.finished = "stop", True
+                break
+            if len(self.out_tokens) >= self.request.n_predict:
+                self.stop_reason, self.finished = "length", True
+                break
+        return out
+
+    def stop(self, reason: str, message: str) -> None:
+        self.stop_reason, self.message, self.finished = reason, message, True
+
+    def finish(self) -> list[str]:
+        """Close the generation: release the held text and build ``result``."""
+        tail = self.text.finish()
+        self.stats.decode_seconds = time.perf_counter() - self.t_start
+        self.stats.n_tokens = len(self.out_tokens)
+        if self.stop_reason == "length" and not self.message:
+            n_predict = self.request.n_predict
+            self.message = f"n_predict={n_predict} reached" if len(self.out_tokens) >= n_predict else ""
+        self.result = GenerationResult(text=self.text.text, tokens=self.out_tokens,
+                                       stop_reason=self.stop_reason, stats=self.stats,
+                                       seed=self.seed, message=self.message)
+        return [tail] if tail else []

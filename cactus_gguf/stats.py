@@ -1,0 +1,103 @@
+"""What a generation reports: counters, timings and divergences, and the result record.
+
+Glossary: a *step* is one verifier call (a verification batch, or one verifier-alone decode);
+drafted / accepted count draft tokens over all steps; AL (mean acceptance length) = accepted
+drafts per step; tokens per verifier call = emitted tokens per step. Times are wall-clock seconds;
+KL values are nats, over evaluated draft positions (see README "--json").
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["GenerationStats", "GenerationResult"]
+
+
+@dataclass
+class GenerationStats:
+    """Counters and timings of one generation.
+
+    n_prompt_tokens: prompt length, tokens; n_prompt_tokens_reused: how many of them the
+    verifier's KV cache already held from an earlier request (prefix reuse), so were not decoded
+    again; n_draft_prompt_tokens_reused: the same for the draft model.
+    n_steps: verification steps (for ``none``: verifier decodes); n_drafted / n_accepted: draft
+    tokens proposed / accepted over all steps. ``decode_seconds`` excludes prompt processing
+    (``prefill_seconds``: both models' prompt decodes).
+    """
+
+    n_prompt_tokens: int = 0
+    n_prompt_tokens_reused: int = 0
+    n_draft_prompt_tokens_reused: int = 0
+    n_tokens: int = 0
+    n_steps: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    n_evaluated: int = 0
+    kl_sum: float = 0.0
+    kl_max: float = 0.0
+    prefill_seconds: float = 0.0
+    first_token_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    accept_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Accepted drafts per verification step (AL), tokens."""
+        return self.n_accepted / self.n_steps if self.n_steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens, in [0, 1]."""
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def mean_drafted_length(self) -> float:
+        return self.n_drafted / self.n_steps if self.n_steps else 0.0
+
+    @property
+    def tokens_per_verifier_call(self) -> float:
+        return self.n_tokens / self.n_steps if self.n_steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second of decoding (prompt processing excluded)."""
+        return self.n_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def kl_mean(self) -> float:
+        return self.kl_sum / self.n_evaluated if self.n_evaluated else 0.0
+
+    @property
+    def other_seconds(self) -> float:
+        """Decode time outside the model calls and the native acceptance step: loop overhead."""
+        return max(0.0, self.decode_seconds - self.draft_seconds - self.verify_seconds
+                   - self.accept_seconds)
+
+    DERIVED = ("mean_accepted_length", "acceptance_rate", "mean_drafted_length",
+               "tokens_per_verifier_call", "tokens_per_second", "kl_mean", "other_seconds")
+
+    def as_dict(self) -> dict:
+        """Every counter and derived figure, JSON-ready."""
+        d = asdict(self)
+        for name in self.DERIVED:
+            d[name] = getattr(self, name)
+        return d
+
+
+@dataclass
+class GenerationResult:
+    """What one call produced.
+
+    text: the output (before any stop string); tokens: the emitted ids (an accepted
+    end-of-generation token is not among them; the token that completed a stop string is).
+    stop_reason: "eos", "length" (n_predict reached, or the context full: see ``message``) or
+    "stop". seed: the seed used (drawn when the request gave none).
+    """
+
+    text: str
+    tokens: list[int]
+    stop_reason: str
+    stats: GenerationStats
+    seed: int
+    message: str = ""  # human-readable detail for the stop, e.g. "context full (n_ctx=4096)"

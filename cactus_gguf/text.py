@@ -1,0 +1,118 @@
+"""Text around the token loop: incremental UTF-8, stop strings, chat templates.
+
+Streamed text is released only when it is final: whole UTF-8 characters (bytes that are not valid
+UTF-8, and an unfinished character at the very end, become U+FFFD, as Python's
+``errors="replace"``), never a piece that could still be the start of a stop string.
+"""
+from __future__ import annotations
+
+import codecs
+from typing import Sequence
+
+__all__ = ["StopMatcher", "TextStream", "render_chat", "columns"]
+
+
+class StopMatcher:
+    """Stop strings across token boundaries, without ever releasing text a stop string may start.
+
+    ``text`` is everything fed so far, cut before the earliest stop string once one matched
+    (``hit``); ``released`` is how much of it has been handed out.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.text = ""
+        self.released = 0
+        self.hit = False
+
+    def feed(self, piece: str) -> str:
+        """Add text; return what is now safe to stream (never part of a stop string)."""
+        self.text += piece
+        if not self.stops:
+            out, self.released = self.text[self.released:], len(self.text)
+            return out
+        search_from = max(0, self.released - self.longest + 1)
+        cut = None
+        for s in self.stops:
+            j = self.text.find(s, search_from)
+            if j != -1 and (cut is None or j < cut):
+                cut = j
+        if cut is not None:
+            self.hit = True
+            self.text = self.text[:cut]
+            return self.finish()
+        hold = 0  # longest tail of the text that is a proper prefix of some stop string
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(self.text) - self.released), hold, -1):
+                if self.text.endswith(s[:n]):
+                    hold = n
+                    break
+        safe = len(self.text) - hold
+        out, self.released = self.text[self.released:safe], safe
+        return out
+
+    def finish(self) -> str:
+        """Release everything held back."""
+        out, self.released = self.text[self.released:], len(self.text)
+        return out
+
+
+class TextStream:
+    """Token bytes in, final text out: an incremental UTF-8 decoder in front of a StopMatcher."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stops = StopMatcher(stops)
+
+    @property
+    def text(self) -> str:
+        """All text so far (cut before a matched stop string)."""
+        return self._stops.text
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string has matched: nothing more is released."""
+        return self._stops.hit
+
+    def feed(self, data: bytes) -> str:
+        """The bytes of one token; returns the text that became final."""
+        return self._stops.feed(self._utf8.decode(data))
+
+    def finish(self) -> str:
+        """End of generation: the bytes of an unfinished character (U+FFFD), then any text held
+        for stop strings. Returns what had not been released."""
+        if self._stops.hit:
+            return ""
+        piece = self._stops.feed(self._utf8.decode(b"", final=True))
+        return piece if self._stops.hit else piece + self._stops.finish()
+
+
+def render_chat(template: str | None, messages: Sequence[dict], *, bos: str, eos: str,
+                model_name: str = "the model") -> str:
+    """``messages`` ([{"role": ..., "content": ...}]) rendered with a GGUF's Jinja chat template,
+    ending with the assistant's turn opened (add_generation_prompt).
+
+    Raises InputError when there is no template or a message is malformed.
+    """
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from .errors import InputError
+
+    if not template:
+        raise InputError(f"{model_name} has no chat template (tokenizer.chat_template): use a "
+                         "plain prompt instead of chat")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(
+                m.get("content"), str):
+            raise InputError(f"message {i} must be {{\"role\": str, \"content\": str}}, got {m!r}"[:200])
+    formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+    return formatter(messages=list(messages)).prompt
+
+
+def columns(rows: Sequence[Sequence[str]], right: bool = False) -> list[str]:
+    """Rows of cells as aligned text lines, columns two spaces apart (left-aligned, or
+    right-aligned with ``right``); the first row is usually the header."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    pad = str.rjust if right else str.ljust
+    return ["  ".join(pad(c, w) for c, w in zip(r, widths)).rstrip() for r in rows]
