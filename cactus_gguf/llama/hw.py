@@ -17,16 +17,21 @@ __all__ = ["cpu_has_amx", "build_has_amx", "default_threads", "physical_memory",
            "machine_facts", "build_facts"]
 
 
-def _cpu_flags() -> list[str]:
-    """The CPU flags of /proc/cpuinfo (Linux; [] elsewhere)."""
+def _cpuinfo(key: str) -> str | None:
+    """The first ``key`` line's value in /proc/cpuinfo (Linux; None elsewhere or when absent)."""
     try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return line.split(":", 1)[1].split()
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return []
+    return None
+
+
+def _cpu_flags() -> list[str]:
+    """The CPU flags of /proc/cpuinfo ([] where there are none, e.g. ARM's "Features")."""
+    return (_cpuinfo("flags") or "").split()
 
 
 def cpu_has_amx() -> bool:
@@ -61,14 +66,7 @@ def physical_memory() -> int | None:
 
 
 def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def _gpu() -> str:

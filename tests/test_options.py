@@ -1,0 +1,94 @@
+"""The one options schema: every front end derives from options.py, so nothing can drift.
+
+- the README's flag tables are exactly what ``python -m cactus_gguf.options`` prints;
+- every click option of ``run`` / ``bench`` has the schema's default (``--help`` shows it);
+- the API records' defaults are the schema's; a pair's recommendation applies once, the same way,
+  for run and bench; library messages name options by API name, the CLI by flag.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from cactus_gguf import options
+from cactus_gguf.errors import InputError
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_readme_flag_table_matches_the_schema(command):
+    text = README.read_text(encoding="utf-8")
+    m = re.search(rf"<!-- options:{command}[^>]*-->\n(.*?)<!-- /options:{command} -->", text, re.S)
+    assert m, f"README has no generated {command} table"
+    assert m.group(1) == options.markdown_table(command), (
+        f"README's {command} table is stale: regenerate it with python -m cactus_gguf.options "
+        f"{command}")
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_click_defaults_are_the_schema_defaults(command):
+    from cactus_gguf.cli import main
+
+    cmd = main.commands[command]
+    by_name = {p.name: p for p in cmd.params}
+    for o in options.options_in(command=command):
+        if not any(f.startswith("-") for f in o.flags):
+            continue
+        p = by_name[o.name]
+        want = o.default_for(command)
+        if command == "bench" and o.grid and want is not None:
+            want = ",".join(map(str, want)) if isinstance(want, tuple) else want
+        assert p.default == (list(want) if o.multiple else want) or (
+            o.multiple and p.default in ((), None, [])), o.name
+        assert [f for f in o.flags if f.startswith("-")] == p.opts + p.secondary_opts or o.optional
+
+
+def test_api_records_take_their_defaults_from_the_schema():
+    from cactus_gguf.llama import ContextOptions, ModelOptions
+    from cactus_gguf.sampling import AcceptanceParams, SamplingParams
+
+    r, lo = options.Request(), options.LoadOptions()
+    for name in ("temperature", "top_k", "top_p", "min_p"):
+        assert getattr(SamplingParams(), name) == getattr(r, name) == options.default(name)
+    for name in ("method", "delta", "solver", "typical_epsilon", "typical_alpha", "accept_top_k"):
+        assert getattr(AcceptanceParams(), name) == getattr(r, name) == options.default(name)
+    for name in ("n_ctx", "n_batch", "n_threads", "flash_attn"):
+        assert getattr(ContextOptions(), name) == getattr(lo, name) == options.default(name)
+    assert ModelOptions().n_gpu_layers == lo.n_gpu_layers
+    assert {f for f in r.__dataclass_fields__} == {o.name for o in options.options_in("request")}
+
+
+def test_a_pair_recommendation_applies_to_run_and_bench_alike():
+    from cactus_gguf.api import settle
+    from cactus_gguf.registry import load_registry
+
+    pair = load_registry().default_pair
+    run, bench = settle({}, pair, "run"), settle({}, pair, "bench")
+    for name, value in pair.settings.items():
+        assert options.BY_NAME[name].recommend
+        assert run[name] == value and bench[name] == value
+    assert run["min_p"] == bench["min_p"] == 0.0  # the paper's sampling: no min-p
+    assert settle({"top_k": 7}, pair, "run")["top_k"] == 7  # what the user sets wins
+
+
+def test_messages_name_options_by_api_name_and_by_flag_on_the_command_line():
+    from cactus_gguf.cli.params import flag_of
+
+    with pytest.raises(InputError) as e:
+        options.Request(top_p=0.0)
+    assert str(e.value) == "top_p must be in (0, 1] (1 = off), got 0"
+    assert e.value.param == "top_p"
+    assert e.value.render(flag_of) == "--top-p must be in (0, 1] (1 = off), got 0"
+    with pytest.raises(InputError) as e:
+        options.validate_pairing(options.LoadOptions(n_batch=4), options.Request(k=4))
+    assert e.value.render(flag_of).startswith("-k/--draft-max=4 must be below -b/--batch-size=4")
+
+
+def test_each_option_is_declared_once():
+    names = [o.name for o in options.OPTIONS]
+    assert len(names) == len(set(names))
+    flags = [f for o in options.OPTIONS for f in o.flags if f.startswith("-")]
+    assert len(flags) == len(set(flags))
