@@ -16,7 +16,17 @@ from .errors import InputError
 from .options import BY_NAME, LoadOptions, Request, options_in, validate_pairing
 from .stats import GenerationResult
 
-__all__ = ["RunPlan", "plan_run", "execute_run", "result_json", "choose_pair", "settle"]
+__all__ = ["RunPlan", "plan_run", "execute_run", "result_json", "choose_pair", "settle",
+           "Interrupted"]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; ``result`` is what was generated until then (stop_reason
+    "interrupted"), or None when it came before generation began."""
+
+    def __init__(self, result: GenerationResult | None) -> None:
+        super().__init__()
+        self.result = result
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,8 @@ def plan_run(given: Mapping[str, Any]) -> RunPlan:
         raise InputError("no verifier model: give VERIFIER (a .gguf path or a registry name)",
                          param="model")
     request = Request(**_of_scope(values, "request"))
+    if request.k == 0:  # no speculation (llama.cpp's --draft-max 0): the draft is not loaded
+        request = request.replace(method="none")
     load = LoadOptions(**_of_scope(values, "load"))
     validate_pairing(load, request)
     uses_draft = request.method != "none" and request.drafter == "model"
@@ -144,17 +156,26 @@ def execute_run(plan: RunPlan, on_text: Callable[[str], None] | None = None) -> 
     """Resolve (fetch if needed) the models, load them and generate.
 
     Raises ModelLoadError / VocabMismatchError / ContextLengthError / registry errors, all with
-    one-line messages.
+    one-line messages; :class:`Interrupted` (a KeyboardInterrupt) with the partial result on
+    Ctrl-C.
     """
     from .registry import resolve_model
     from .spec import Engine
 
-    verifier = resolve_model(plan.verifier_spec)
-    draft = resolve_model(plan.draft_spec) if plan.draft_spec is not None else None
-    with Engine(verifier, draft, plan.load, defaults=plan.request) as engine:
-        prompt = (engine.format_chat([{"role": "user", "content": plan.prompt}])
-                  if plan.chat else plan.prompt)
-        return engine.generate(prompt, on_text=on_text)
+    stream = None
+    try:
+        verifier = resolve_model(plan.verifier_spec)
+        draft = resolve_model(plan.draft_spec) if plan.draft_spec is not None else None
+        with Engine(verifier, draft, plan.load, defaults=plan.request) as engine:
+            prompt = (engine.format_chat([{"role": "user", "content": plan.prompt}])
+                      if plan.chat else plan.prompt)
+            stream = engine.stream(prompt)
+            for piece in stream:
+                if on_text is not None:
+                    on_text(piece)
+            return stream.result
+    except KeyboardInterrupt:
+        raise Interrupted(stream.partial() if stream is not None else None) from None
 
 
 def result_json(result: GenerationResult, plan: RunPlan) -> dict:
@@ -166,6 +187,8 @@ def result_json(result: GenerationResult, plan: RunPlan) -> dict:
         "text": result.text,
         "tokens": result.tokens,
         "stop_reason": result.stop_reason,
+        "message": result.message,
+        "n_ctx": result.n_ctx,
         "method": method,
         "delta": r.delta if method == "cactus" else None,
         "solver": r.solver if method == "cactus" else None,

@@ -199,8 +199,9 @@ OPTIONS: tuple[Option, ...] = (
     # -- request: what one generation does -------------------------------------------------------
     Option("n_predict", int, 128, "tokens to generate", ("-n", "--n-predict"), range=Range(lo=1),
            metavar="N"),
-    Option("k", int, 8, "draft length: tokens proposed per verification step (below `-b`)",
-           ("-k", "--draft-max"), range=Range(lo=1), recommend=True, grid=True, metavar="K"),
+    Option("k", int, 8, "draft length: tokens proposed per verification step (below `-b`); 0 = no "
+           "speculation (the verifier alone, as llama.cpp's `--draft-max 0`)",
+           ("-k", "--draft-max"), range=Range(lo=0), recommend=True, grid=True, metavar="K"),
     Option("method", str, "cactus", _METHOD_HELP, ("--method",), choices=METHODS + ("none",),
            commands=_RUN),
     Option("delta", float, 1.0, "Cactus KL budget δ in nats; 0 = exactly SpS", ("--delta",),
@@ -382,7 +383,7 @@ def validate_pairing(load, request) -> None:
     drafter is in play (with method none nothing is drafted and k does not matter).
     Raises InputError (param "k").
     """
-    if request.method != "none" and request.k >= load.n_batch:
+    if request.method != "none" and request.k >= load.n_batch > 0:
         raise InputError(f"{{k}}={request.k} must be below {{n_batch}}={load.n_batch}: the k+1 "
                          "verified tokens go in one llama_decode (lower {k} or raise {n_batch})",
                          param="k", options=("k", "n_batch"))

@@ -92,7 +92,8 @@ class GenerationResult:
     text: the output (before any stop string); tokens: the emitted ids (an accepted
     end-of-generation token is not among them; the token that completed a stop string is).
     stop_reason: "eos", "length" (n_predict reached, or the context full: see ``message``) or
-    "stop". seed: the seed used (drawn when the request gave none).
+    "stop" ("interrupted" for a partial result). seed: the seed used (drawn when the request gave
+    none).
     """
 
     text: str
@@ -101,3 +102,4 @@ class GenerationResult:
     stats: GenerationStats
     seed: int
     message: str = ""  # human-readable detail for the stop, e.g. "context full (n_ctx=4096)"
+    n_ctx: int = 0  # the verifier's context size, tokens (as llama.cpp rounded it)

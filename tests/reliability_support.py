@@ -229,7 +229,7 @@ def assert_one_line_error(r: subprocess.CompletedProcess, *fragments: str) -> st
     """Exit code != 0, stderr exactly one line 'cactus-gguf: error: ...', no traceback; returns it."""
     assert r.returncode not in (0, None), (r.returncode, r.stdout, r.stderr)
     assert r.returncode > 0, f"killed by signal {-r.returncode}: {r.stderr}"
-    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r.stderr
+    assert "Traceback" not in r.stderr and "Traceback" not in (r.stdout or ""), r.stderr
     lines = r.stderr.splitlines()
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith("cactus-gguf: error: "), r.stderr

@@ -1,11 +1,11 @@
 """``cactus-gguf run``: one generation, streamed to stdout, summary on stderr (or ``--json``)."""
 from __future__ import annotations
 
-import json
 import logging
 
 import click
 
+from ..errors import CactusError
 from . import fail, main, report_error
 from .params import given, schema_options
 
@@ -54,7 +54,6 @@ def run(ctx: click.Context, verifier, draft, **_options) -> None:
     used (fetched on first use).
     """
     from .. import api
-    from ..errors import CactusError
 
     values = given(ctx)
     models_from_arguments(values, verifier, draft)
@@ -62,30 +61,88 @@ def run(ctx: click.Context, verifier, draft, **_options) -> None:
         logging.basicConfig(level=logging.DEBUG, format="%(message)s")
     try:
         plan = api.plan_run(values)  # validates everything before any model loads
+        out = _Output()
     except (CactusError, OSError) as e:
         report_error(e)
 
-    printed = False
-
-    def emit(piece: str) -> None:
-        nonlocal printed
-        printed = True
-        click.echo(piece, nl=False)
-
     as_json = bool(values.get("json"))
     try:
-        result = api.execute_run(plan, on_text=None if as_json else emit)
-    except KeyboardInterrupt:
-        if printed:
-            click.echo()
+        result = api.execute_run(plan, on_text=None if as_json else out.write)
+    except KeyboardInterrupt as e:
+        partial = getattr(e, "result", None)
+        if as_json and partial is not None:  # what was generated is not lost
+            out.json(api.result_json(partial, plan))
+        elif out.printed:
+            out.write("\n")
         click.echo("cactus-gguf: interrupted", err=True)
         raise SystemExit(130)
-    except (CactusError, ValueError, RuntimeError, OSError) as e:
-        if printed:
-            click.echo()
+    except OutputError as e:
+        out.silence()
         report_error(e)
-    if as_json:
-        click.echo(json.dumps(api.result_json(result, plan), ensure_ascii=False))
-    else:
-        click.echo()
-        click.echo(summary(result, plan.request), err=True)
+    except (CactusError, ValueError, RuntimeError, OSError) as e:
+        if out.printed:
+            out.write("\n")
+        report_error(e)
+    try:
+        if as_json:
+            out.json(api.result_json(result, plan))
+            return
+        out.write("\n")
+    except OutputError as e:
+        out.silence()
+        report_error(e)
+    click.echo(summary(result, plan.request), err=True)
+
+
+class OutputError(CactusError):
+    """Standard output cannot take the text (a full disk, a closed or broken stream, an encoding
+    that cannot represent it)."""
+
+
+class _Output:
+    """Standard output with one-line errors: text as it streams, or one JSON object."""
+
+    def __init__(self) -> None:
+        import os
+        import sys
+
+        self.printed = False
+        self.stream = sys.stdout
+        try:  # `run ... >&-`: nothing could be written, so fail now (as cat does), not exit 0
+            os.fstat(self.stream.fileno())
+        except (AttributeError, ValueError, OSError):
+            raise OutputError("standard output is closed: nothing could be written; redirect it "
+                              "to a file (or /dev/null)") from None
+
+    def write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except UnicodeEncodeError as e:
+            raise OutputError(
+                f"the output encoding {self.stream.encoding} cannot represent the text "
+                f"({e.object[e.start:e.end]!r}): set PYTHONIOENCODING=utf-8, or use --json "
+                "(ASCII-escaped where needed)") from None
+        except OSError as e:
+            raise OutputError(f"cannot write to standard output: {e.strerror or e}") from None
+        self.printed = True
+
+    def json(self, obj: dict) -> None:
+        """One JSON object; escaped to ASCII when the output encoding cannot carry the text."""
+        import codecs
+        import json
+
+        enc = getattr(self.stream, "encoding", None) or "utf-8"
+        utf = codecs.lookup(enc).name.startswith("utf")
+        self.write(json.dumps(obj, ensure_ascii=not utf) + "\n")
+
+    def silence(self) -> None:
+        """After a failed write: point fd 1 at /dev/null, so Python's exit-time flush of what is
+        still buffered cannot fail a second time (a traceback after ours)."""
+        import os
+
+        try:
+            self.stream = open(os.devnull, "w")
+            os.dup2(self.stream.fileno(), 1)
+        except OSError:
+            pass

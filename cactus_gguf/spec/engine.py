@@ -53,8 +53,9 @@ class Stream(Iterator[str]):
     of a stop string); ``result`` holds the GenerationResult once the iterator is exhausted.
     ``close()`` (or dropping it) abandons the generation; the engine stays ready."""
 
-    def __init__(self, pieces: Iterator[str]) -> None:
+    def __init__(self, pieces: Iterator[str], session: Session) -> None:
         self._pieces = pieces
+        self._session = session
         self.result: GenerationResult | None = None
 
     def __next__(self) -> str:
@@ -66,6 +67,16 @@ class Stream(Iterator[str]):
 
     def close(self) -> None:
         self._pieces.close()
+
+    def partial(self, reason: str = "interrupted") -> GenerationResult:
+        """The result so far of a generation that was cut short (an exception, a Ctrl-C, an
+        abandoned stream): the text released until then, ``stop_reason`` = ``reason``. The
+        result itself when it finished."""
+        s = self._session
+        if s.result is None:
+            s.stop(reason, "")
+            s.finish()
+        return s.result
 
 
 class Engine:
@@ -190,7 +201,7 @@ class Engine:
         is set once exhausted). Arguments are checked here; the engine is taken per step, so
         other callers may run between two pieces. ``wait`` applies to the first step."""
         session = self._begin(prompt, self.request(request, **overrides))
-        return Stream(self._pieces(session, wait))
+        return Stream(self._pieces(session, wait), session)
 
     def chat(self, messages: Sequence[dict], request: Request | None = None, **kwargs
              ) -> GenerationResult:
@@ -226,6 +237,8 @@ class Engine:
     def _begin(self, prompt, req: Request) -> Session:
         """Check the prompt and the request against this engine; a Session ready to prefill."""
         ver = self._live()
+        if req.k == 0:  # no speculation, as llama.cpp's --draft-max 0
+            req = req.replace(method="none")
         validate_pairing(self.load_options, req)
         if isinstance(prompt, str):
             tokens = self.tokenize(prompt)
@@ -262,7 +275,8 @@ class Engine:
         seed = req.seed if req.seed >= 0 else secrets.randbits(32)
         sampler = NativeSampler(ver.n_vocab, sampling_params(req),
                                 acceptance or AcceptanceParams(method="sps"), seed)
-        return Session(tokens, req, seed, sampler, drafter, FixedDraftLength.from_request(req))
+        return Session(tokens, req, seed, sampler, drafter, FixedDraftLength.from_request(req),
+                       n_ctx=ver.n_ctx)
 
     def _advance(self, session: Session) -> list[str]:
         """Under the lock: process the prompt, or run one step; the text released."""

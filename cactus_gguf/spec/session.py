@@ -28,8 +28,9 @@ class Session:
     """
 
     def __init__(self, prompt: Sequence[int], request, seed: int, sampler, drafter: Drafter | None,
-                 policy: DraftPolicy) -> None:
+                 policy: DraftPolicy, n_ctx: int = 0) -> None:
         self.request = request
+        self.n_ctx = n_ctx
         self.seed = seed
         self.prompt = list(prompt)
         self.committed = list(prompt)
@@ -79,7 +80,7 @@ class Session:
 
     def finish(self) -> list[str]:
         """Close the generation: release the held text and build ``result``."""
-        tail = self.text.finish()
+        tail = self.text.finish() if self.stop_reason != "interrupted" else ""
         self.stats.decode_seconds = time.perf_counter() - self.t_start
         self.stats.n_tokens = len(self.out_tokens)
         if self.stop_reason == "length" and not self.message:
@@ -87,5 +88,5 @@ class Session:
             self.message = f"n_predict={n_predict} reached" if len(self.out_tokens) >= n_predict else ""
         self.result = GenerationResult(text=self.text.text, tokens=self.out_tokens,
                                        stop_reason=self.stop_reason, stats=self.stats,
-                                       seed=self.seed, message=self.message)
+                                       seed=self.seed, message=self.message, n_ctx=self.n_ctx)
         return [tail] if tail else []

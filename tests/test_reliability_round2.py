@@ -1,0 +1,141 @@
+"""Issue "Reliability, round 2": what a new user broke, each with the test that catches its return.
+
+0. resource tests that fail on allocator noise: tests/test_reliability_resources.py (trend tests)
+1. two threads on one engine: tests/test_engine.py::test_two_threads_on_one_engine_are_served...
+2. interleaved streams: tests/test_engine.py::test_interleaved_streams_and_a_generate_in_between...
+5. stop as a string, bytes prompts: tests/test_engine.py::test_stop_as_a_string_is_one_stop...
+6. offline mode: tests/test_registry.py::test_offline_never_runs_pip (and the hub / CLI ones)
+14. errors name the flag: tests/test_reliability_cli.py::PARAM_CASES
+The CLI items are here (the real ``python -m cactus_gguf`` in a subprocess).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from reliability_support import (EOS, assert_one_line_error, chain, cli_env, run_cli, text_tokens,
+                                 byte_token as T, write_llama)
+
+UTF8 = "é中😀 ok"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("round2")
+    return {"ver": write_llama(d / "ver.gguf", seed=11, zero_output_rows=[EOS]),
+            "dft": write_llama(d / "dft.gguf", seed=11, zero_output_rows=[EOS], noise=0.1,
+                               noise_seed=12),
+            "utf8": write_llama(d / "utf8.gguf", seed=47,
+                                bigram=chain([T(ord("h"))] + text_tokens(UTF8) + [EOS]))}
+
+
+def run(files, *args, **kw):
+    return run_cli("run", files["ver"], files["dft"], "-t", "1", "-s", "1", *args, **kw)
+
+
+# ---- 3. write errors ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_full_disk_is_a_one_line_error(files, as_json):
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "cactus_gguf", "run", str(files["ver"]),
+                            str(files["dft"]), "-p", "the cat", "-n", "16", "-t", "1",
+                            *(["--json"] if as_json else [])], stdout=full,
+                           stderr=subprocess.PIPE, text=True, env=cli_env(), timeout=120)
+    assert_one_line_error(r, "cannot write to standard output: No space left on device")
+    assert r.returncode == 1
+
+
+def test_an_output_encoding_that_cannot_hold_the_text(files):
+    env = dict(cli_env(), PYTHONIOENCODING="cp1252")
+    args = [sys.executable, "-m", "cactus_gguf", "run", str(files["utf8"]), str(files["utf8"]),
+            "-p", "h", "-n", "20", "-t", "1", "--temp", "0"]
+    r = subprocess.run(args, capture_output=True, env=env, timeout=120)
+    r = subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode("cp1252"),
+                                    r.stderr.decode("utf-8"))
+    assert_one_line_error(r, "the output encoding cp1252 cannot represent the text",
+                          "PYTHONIOENCODING=utf-8")
+    assert r.stdout == "é"  # what could be written was
+    # --json stays valid JSON: escaped to ASCII where the encoding cannot carry the text
+    r = subprocess.run(args + ["--json"], capture_output=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.decode("cp1252"))["text"] == UTF8
+
+
+# ---- 7. --json says why it stopped ------------------------------------------------------------
+
+def test_json_has_the_message_and_n_ctx(files):
+    r = run(files, "-p", "the cat", "-n", "5", "--json")
+    out = json.loads(r.stdout)
+    assert (out["stop_reason"], out["message"], out["n_ctx"]) == ("length", "n_predict=5 reached",
+                                                                  4096)
+    r = run(files, "-p", "the cat", "-n", "1000", "-c", "256", "--json")
+    out = json.loads(r.stdout)
+    assert (out["stop_reason"], out["message"], out["n_ctx"]) == ("length",
+                                                                  "context full (n_ctx=256)", 256)
+
+
+# ---- 8. --json and Ctrl-C ---------------------------------------------------------------------
+
+def test_ctrl_c_with_json_prints_what_was_generated(files):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cactus_gguf", "run", str(files["ver"]), str(files["dft"]), "-p",
+         "the cat", "-n", "1000000", "-c", "65536", "-t", "1", "-s", "1", "--json", "-v"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+    started = threading.Event()
+
+    def watch():  # the model is loaded once llama.cpp logs its context
+        for line in proc.stderr:
+            if b"llama_context" in line or b"KV" in line:
+                started.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    assert started.wait(120)
+    threading.Event().wait(2.0)  # some generation
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    data = json.loads(out)
+    assert data["stop_reason"] == "interrupted" and data["n_tokens"] > 0
+    assert len(data["tokens"]) == data["n_tokens"]
+
+
+# ---- 9. a closed standard output --------------------------------------------------------------
+
+def test_a_closed_stdout_fails_like_cat(files):
+    r = subprocess.run([sys.executable, "-m", "cactus_gguf", "run", str(files["ver"]),
+                        str(files["dft"]), "-p", "the cat", "-n", "4", "-t", "1"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=cli_env(),
+                       timeout=120, preexec_fn=lambda: os.close(1))
+    assert_one_line_error(r, "standard output is closed")
+
+
+# ---- 10. -b 1 without drafts, -k 0 -------------------------------------------------------------
+
+def test_batch_of_one_works_without_a_drafter_and_k_zero_means_no_speculation(files):
+    r = run(files, "-p", "the cat", "-n", "6", "-b", "1", "--method", "none", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["n_tokens"] == 6
+    r = run(files, "-p", "the cat", "-n", "6", "-k", "0", "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and out["method"] == "none" and out["n_drafted"] == 0
+    assert out["draft"] is None  # the draft is not even loaded
+    r = run(files, "-p", "the cat", "-n", "6", "-k", "0", "-b", "1", "--json")
+    assert r.returncode == 0, r.stderr
+
+
+# ---- 11. the prompt from standard input --------------------------------------------------------
+
+def test_the_prompt_from_standard_input(files):
+    a = run(files, "-f", "-", "-n", "6", "--json", stdin="the cat sat on")
+    b = run(files, "-p", "the cat sat on", "-n", "6", "--json")
+    assert a.returncode == 0, a.stderr
+    assert json.loads(a.stdout)["tokens"] == json.loads(b.stdout)["tokens"]
+    r = run(files, "-f", "-", "-n", "6", stdin="")
+    assert_one_line_error(r, "the prompt is empty")
