@@ -20,7 +20,14 @@ class GenerationStats:
     verifier's KV cache already held from an earlier request (prefix reuse), so were not decoded
     again; n_draft_prompt_tokens_reused: the same for the draft model.
     n_steps: verification steps (for ``none``: verifier decodes); n_drafted / n_accepted: draft
-    tokens proposed / accepted over all steps. ``decode_seconds`` excludes prompt processing
+    tokens proposed / accepted over all steps, where an accepted draft counts when the generation
+    used it: an accepted end-of-generation token does (it ended the output), drafts accepted after
+    the token that completed a stop string do not. n_tokens: emitted tokens (an end-of-generation
+    token is not emitted); ``tokens_per_verifier_call`` counts an ending end-of-generation token
+    too, so it is (n_accepted + the residual / bonus tokens used) / n_steps.
+    draft_stopped_at: emitted tokens when the draft model stopped drafting for the rest of the
+    generation (None: it never did), for ``draft_stop_reason`` ("prompt does not fit the draft's
+    context", "draft context full", "a token the draft's vocabulary lacks"). ``decode_seconds`` excludes prompt processing
     (``prefill_seconds``: both models' prompt decodes).
     """
 
@@ -32,6 +39,9 @@ class GenerationStats:
     n_drafted: int = 0
     n_accepted: int = 0
     n_evaluated: int = 0
+    n_end_tokens: int = 0
+    draft_stopped_at: int | None = None
+    draft_stop_reason: str = ""
     kl_sum: float = 0.0
     kl_max: float = 0.0
     prefill_seconds: float = 0.0
@@ -57,7 +67,9 @@ class GenerationStats:
 
     @property
     def tokens_per_verifier_call(self) -> float:
-        return self.n_tokens / self.n_steps if self.n_steps else 0.0
+        """Tokens each verifier call produced: the emitted ones and an ending end-of-generation
+        token."""
+        return (self.n_tokens + self.n_end_tokens) / self.n_steps if self.n_steps else 0.0
 
     @property
     def tokens_per_second(self) -> float:

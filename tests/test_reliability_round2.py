@@ -139,3 +139,94 @@ def test_the_prompt_from_standard_input(files):
     assert json.loads(a.stdout)["tokens"] == json.loads(b.stdout)["tokens"]
     r = run(files, "-f", "-", "-n", "6", stdin="")
     assert_one_line_error(r, "the prompt is empty")
+
+
+# ---- 4. Ctrl-C while llama-cpp-python builds its wrappers --------------------------------------
+
+def test_ctrl_c_inside_a_critical_section_is_deferred_to_its_end():
+    """A Ctrl-C that lands while llama-cpp-python's LlamaModel / LlamaContext / LlamaBatch
+    wrappers are being built would leave them half-built ("'LlamaContext' object has no attribute
+    '_exit_stack'" from their __del__). The library marks that as a critical section; the CLI's
+    handler re-posts an interrupt that lands inside until it ends."""
+    import time
+
+    from cactus_gguf import cli
+    from cactus_gguf.llama import log
+
+    old = signal.signal(signal.SIGINT, cli._sigint)
+    try:
+        reached_end = False
+        with pytest.raises(KeyboardInterrupt):
+            with log.critical():
+                os.kill(os.getpid(), signal.SIGINT)
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < 0.2:  # Python code runs: the handler fires here
+                    time.sleep(0.005)
+                reached_end = True
+            for _ in range(100):  # ... and the interrupt comes right after the section
+                time.sleep(0.01)
+        assert reached_end and not log.in_critical_section()
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def test_the_wrappers_are_built_inside_critical_sections(files, monkeypatch):
+    from llama_cpp import _internals
+
+    from cactus_gguf.llama import Context, ContextOptions, log
+
+    seen = []
+    for cls in (_internals.LlamaModel, _internals.LlamaContext, _internals.LlamaBatch):
+        init = cls.__init__
+
+        def spy(self, *a, _init=init, _name=cls.__name__, **kw):
+            seen.append((_name, log.in_critical_section()))
+            _init(self, *a, **kw)
+
+        monkeypatch.setattr(cls, "__init__", spy)
+    Context.load(files["ver"], context_options=ContextOptions(n_ctx=256, n_threads=1)).close()
+    assert seen == [("LlamaModel", True), ("LlamaContext", True), ("LlamaBatch", True)]
+
+
+# ---- 12. statistics that add up ----------------------------------------------------------------
+
+def test_a_one_token_reply_has_consistent_statistics(tmp_path):
+    from reliability_support import make_engine
+
+    ok = write_llama(tmp_path / "ok.gguf", seed=3, bigram=chain([T(ord("?")), T(ord("O")),
+                                                                 T(ord("K")), EOS]))
+    with make_engine(ok, ok, k=4, temp=0.0) as eng:
+        s = eng.generate([T(ord("?"))], n_predict=20, seed=0).stats
+    # drafts O, K, EOS all accepted: one step produced O and K, and EOS ended the output
+    assert (s.n_steps, s.n_drafted, s.n_accepted, s.n_tokens, s.n_end_tokens) == (1, 3, 3, 2, 1)
+    assert s.tokens_per_verifier_call == s.mean_accepted_length == 3.0
+    assert s.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("stop", [[], ["e"], ["at"]])
+def test_every_step_adds_its_accepted_drafts_and_at_most_one_more_token(files, stop):
+    from reliability_support import make_engine
+
+    with make_engine(files["ver"], files["dft"], k=4, temp=0.9) as eng:
+        for seed in range(12):
+            s = eng.generate("the cat sat on", n_predict=int(10 + 7 * seed), seed=seed,
+                             stop=stop).stats
+            produced = s.n_tokens + s.n_end_tokens
+            assert s.n_accepted + s.n_steps - 1 <= produced <= s.n_accepted + s.n_steps, seed
+            assert s.tokens_per_verifier_call == produced / s.n_steps
+
+
+# ---- 13. when drafting stops, it says so -------------------------------------------------------
+
+def test_a_full_draft_context_is_reported(files):
+    from reliability_support import ctx, make_engine
+
+    with make_engine(files["ver"], files["dft"], k=4, temp=0.0, context=ctx(512),
+                     draft_context=ctx(256)) as eng:
+        s = eng.generate("the cat sat on", n_predict=400, seed=0).stats
+        assert s.draft_stopped_at is not None and 230 < s.draft_stopped_at < 256
+        assert s.draft_stop_reason == "draft context full"
+        assert eng.generate("the cat", n_predict=10, seed=0).stats.draft_stopped_at is None
+    r = run(files, "-p", "the cat sat on", "-n", "300", "-c", "256", "-k", "4")
+    # one context size for both: the verifier fills first, drafting never stops early
+    assert "drafting stopped" not in r.stderr

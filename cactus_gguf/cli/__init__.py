@@ -38,11 +38,13 @@ def _sigint(signum: int, frame) -> None:
     """Python's default SIGINT behaviour (raise KeyboardInterrupt), except inside llama.cpp's log
     callback: an exception raised there cannot cross llama.cpp's C frames (ctypes prints "Exception
     ignored" and drops it, so the Ctrl-C would be lost and the model load or generation would go
-    on). There the interrupt is posted again 10 ms later, from a timer thread (posting it from here
-    would re-enter this handler at once); it fires once control is back in Python code."""
-    from ..llama.log import in_log_callback
+    on). There, and inside the library's critical sections (building llama-cpp-python's wrappers,
+    which an interrupt would leave half-built), the interrupt is posted again 10 ms later, from a
+    timer thread (posting it from here would re-enter this handler at once); it fires once control
+    is back in ordinary Python code."""
+    from ..llama.log import in_critical_section, in_log_callback
 
-    if in_log_callback(frame):
+    if in_log_callback(frame) or in_critical_section():
         again = threading.Timer(0.01, _thread.interrupt_main)
         again.daemon = True
         again.start()

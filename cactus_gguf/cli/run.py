@@ -25,6 +25,9 @@ def summary(result, request) -> str:
         parts.append(f"accepted {s.mean_accepted_length:.2f}/step, acceptance {s.acceptance_rate:.1%}, "
                      f"{s.tokens_per_verifier_call:.2f} tokens/verifier call")
         parts.append(f"draft {s.draft_seconds:.2f} s, verify {s.verify_seconds:.2f} s")
+        if s.draft_stopped_at is not None:
+            parts.append(f"drafting stopped at token {s.draft_stopped_at} ({s.draft_stop_reason}): "
+                         "the verifier alone after it")
     stop = result.stop_reason + (f" ({result.message})" if result.message else "")
     parts.append(f"stop: {stop}")
     parts.append(f"seed {result.seed}")

@@ -102,7 +102,9 @@ class Context:
         cparams.no_perf = True
         log.clear_errors()
         try:
-            self._ctx = _internals.LlamaContext(model=model._model, params=cparams, verbose=True)
+            with log.critical():
+                self._ctx = _internals.LlamaContext(model=model._model, params=cparams,
+                                                    verbose=True)
         except ValueError:
             raise ModelLoadError(f"llama.cpp could not create a context for {model.path} "
                                  f"(n_ctx={options.n_ctx}): {log.last_error()}") from None
@@ -112,7 +114,8 @@ class Context:
         self.n_batch: int = llama_cpp.llama_n_batch(self.ptr)
         self.tokens: list[int] = []
         # One reusable batch of n_batch rows; seq_id / n_seq_id never change (one sequence).
-        self._batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1)
+        with log.critical():
+            self._batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1)
         b = self._batch.batch
         self._b_token = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
         self._b_pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))

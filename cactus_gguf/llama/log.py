@@ -7,13 +7,16 @@ ERROR lines are also kept in a short ring so that :func:`last_error` can name th
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import logging
+import threading
 import types
 
 import llama_cpp
 
-__all__ = ["init_backend", "last_error", "clear_errors", "in_log_callback"]
+__all__ = ["init_backend", "last_error", "clear_errors", "in_log_callback", "critical",
+           "in_critical_section"]
 
 # ggml.h enum ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continues a line).
 _LOG_LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING,
@@ -54,6 +57,28 @@ def in_log_callback(frame: types.FrameType | None) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+_critical = threading.local()
+
+
+@contextlib.contextmanager
+def critical():
+    """Mark code that must not be cut by a KeyboardInterrupt: building llama-cpp-python's owning
+    wrappers, which an exception between their C call and their own bookkeeping leaves half-built
+    (their ``__del__`` then fails: "'LlamaContext' object has no attribute '_exit_stack'"). The
+    library installs no signal handler; the CLI's SIGINT handler defers an interrupt that lands
+    inside (see :func:`in_critical_section`) until the section ends."""
+    _critical.depth = getattr(_critical, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _critical.depth -= 1
+
+
+def in_critical_section() -> bool:
+    """True inside :func:`critical` in this thread."""
+    return getattr(_critical, "depth", 0) > 0
 
 
 def clear_errors() -> None:

@@ -90,8 +90,9 @@ class Model:
         mparams.use_extra_bufts = options.resolved_repack()
         log.clear_errors()
         try:
-            self._model = _internals.LlamaModel(path_model=str(self.path), params=mparams,
-                                                verbose=True)
+            with log.critical():
+                self._model = _internals.LlamaModel(path_model=str(self.path), params=mparams,
+                                                    verbose=True)
         except ValueError:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {log.last_error()}") from None
         self.ptr = self._model.model

@@ -39,6 +39,9 @@ class Drafter(Protocol):
     def room(self, committed: Sequence[int]) -> int:
         """Most tokens it can draft now (0: it can no longer follow the generation)."""
 
+    def why_no_room(self, committed: Sequence[int]) -> str:
+        """Why ``room`` is 0, in a few words (for the statistics)."""
+
     def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
                 probs: np.ndarray, tokens: np.ndarray) -> int:
         """Draft up to ``k`` tokens into ``tokens`` (int32 [>=k]) and, unless deterministic, their
@@ -84,6 +87,11 @@ class ModelDrafter:
     def room(self, committed: Sequence[int]) -> int:
         return self._room_for(committed, self.ctx.n_past)
 
+    def why_no_room(self, committed: Sequence[int]) -> str:
+        if max(committed[self.ctx.n_past:], default=0) >= self.ctx.n_vocab:
+            return "a token the draft's vocabulary lacks"
+        return "draft context full"
+
     def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
                 probs: np.ndarray, tokens: np.ndarray) -> int:
         row = self.ctx.decode(committed[self.ctx.n_past:], n_logits=1)[0]
@@ -124,6 +132,9 @@ class NgramDrafter:
 
     def room(self, committed: Sequence[int]) -> int:
         return 1 << 30  # no context of its own
+
+    def why_no_room(self, committed: Sequence[int]) -> str:
+        return ""  # it always has room
 
     def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
                 probs: np.ndarray, tokens: np.ndarray) -> int:

@@ -305,8 +305,8 @@ class Engine:
         session.stats.n_prompt_tokens_reused = self.verifier.sync(prompt[:-1], reuse=reuse)
         if session.drafter is not None:
             reused = session.drafter.reset(prompt, reuse=reuse)
-            if reused is None:
-                session.drafter = None  # the prompt does not fit the draft: the verifier alone
+            if reused is None:  # the verifier alone
+                session.stop_drafting("prompt does not fit the draft's context")
             else:
                 session.stats.n_draft_prompt_tokens_reused = reused
         session.stats.prefill_seconds = time.perf_counter() - t0
@@ -319,7 +319,7 @@ class Engine:
         this session's committed tokens again (prefix reuse keeps what both share)."""
         self.verifier.sync(session.committed[:-1])
         if session.drafter is not None and not session.drafter.resync(session.committed):
-            session.drafter = None
+            session.stop_drafting("a token the draft's vocabulary lacks")
         self._owner = session
 
     def _buffers(self, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -335,7 +335,8 @@ class Engine:
         """The draft part of a step: how many tokens were drafted into ``tokens`` / ``probs``."""
         drafter, committed = session.drafter, session.committed
         if drafter is not None and k > 0 and drafter.room(committed) < 1:
-            session.drafter = drafter = None  # the draft's context is full: the verifier alone
+            session.stop_drafting(drafter.why_no_room(committed))  # the verifier alone from here
+            drafter = None
         if drafter is None or k <= 0:
             return 0
         k = min(k, drafter.room(committed))
@@ -379,12 +380,15 @@ class Engine:
         stats.accept_seconds += time.perf_counter() - ta
         stats.n_steps += 1
         stats.n_drafted += n_drafted
-        stats.n_accepted += n_acc
         session.policy.observe(n_drafted, n_acc, tv - td, ta - tv)
 
         n_before = len(committed)
         model = ver.model
         pieces = session.emit(tokens[:n_acc].tolist() + [nxt], model.is_eog, model.token_to_piece)
+        # the accepted drafts the generation used: up to its end (an ending end-of-generation
+        # token included, drafts after a completed stop string not)
+        used = len(committed) - n_before + (1 if session.stop_reason == "eos" else 0)
+        stats.n_accepted += min(n_acc, used)
         # Roll back: the verifier keeps t_0 .. t_{L-1} + the accepted drafts (the new pending
         # token is decoded next step); the draft keeps at most that much. After a stop inside
         # the block (EOS, stop string, length) that is committed[:-1]: nothing past the end.

@@ -61,6 +61,7 @@ class Session:
         for tok in tokens:
             if is_eog(tok):
                 self.stop_reason, self.finished = "eos", True
+                self.stats.n_end_tokens = 1
                 break
             self.committed.append(tok)
             self.out_tokens.append(tok)
@@ -74,6 +75,12 @@ class Session:
                 self.stop_reason, self.finished = "length", True
                 break
         return out
+
+    def stop_drafting(self, reason: str) -> None:
+        """The draft model cannot go on: the verifier decodes alone from here (recorded)."""
+        self.drafter = None
+        self.stats.draft_stopped_at = len(self.out_tokens)
+        self.stats.draft_stop_reason = reason
 
     def stop(self, reason: str, message: str) -> None:
         self.stop_reason, self.message, self.finished = reason, message, True
