@@ -8,7 +8,7 @@
  *   3. Workspace      how the caller's float scratch is carved into typed regions
  *   4. Selection      O(V) radix selection of a prefix of the order (value desc, token id asc)
  *   5. Warp           top-k -> top-p -> min-p -> temperature (llama.cpp's default order)
- *   6. Sampling       inverse-CDF draws with the last-index guard
+ *   6. Sampling       weight lists and the one inverse-CDF draw (last-index guard)
  *   7. Cactus gamma   Taylor (paper) and exact (binary-KL root) solvers
  *   8. Verification   one draft-verify step for every cg_method
  *
@@ -147,9 +147,12 @@ static cg_status check_prob_row(const float *p, int32_t n)
  * each only ever accessed through its own type within a call. Layout, in floats:
  *   [0, 1)                    slack to reach 8-byte alignment
  *   pairs  uint64 [V]         2V floats   (order key, token id) of selected candidates
+ *   wts    double [V]         2V          weights of the row being drawn from (section 6)
  *   mass   double [BINS]      2*BINS      radix histogram: weight per bin
  *   cnt    uint32 [BINS]      BINS        radix histogram: count per bin
- *   idx    int32  [V]         V           candidate / undecided token ids during a selection
+ *   idx    int32  [V]         V           candidate / undecided token ids during a selection; during
+ *                                         a draw, the token ids matching wts (the two uses never
+ *                                         overlap in time: a draw starts after the last selection)
  *   bmax   float  [V/BLOCK]   ceil(V/64)  maximum logit of each block of 64 consecutive ids
  *   q      float  [V]         V           cg_verify: the warped verifier distribution at a position
  * ============================================================================================= */
@@ -159,6 +162,7 @@ static cg_status check_prob_row(const float *p, int32_t n)
 
 typedef struct {
     uint64_t *pairs;
+    double *wts;
     double *mass;
     uint32_t *cnt;
     int32_t *idx;
@@ -174,7 +178,7 @@ int64_t cg_workspace_size(int32_t n_vocab)
         return 0;
     }
     const int64_t v = n_vocab;
-    return 1 + 2 * v + 2 * CG_BINS + CG_BINS + v + n_blocks(n_vocab) + v;
+    return 1 + 2 * v + 2 * v + 2 * CG_BINS + CG_BINS + v + n_blocks(n_vocab) + v;
 }
 
 static cg_ws ws_carve(float *work, int32_t n_vocab)
@@ -184,7 +188,8 @@ static cg_ws ws_carve(float *work, int32_t n_vocab)
     base = (base + 7u) & ~(uintptr_t)7u; /* a float pointer is 4-aligned, so this skips 0 or 1 float */
     cg_ws ws;
     ws.pairs = (uint64_t *)base;
-    ws.mass = (double *)(ws.pairs + v);
+    ws.wts = (double *)(ws.pairs + v);
+    ws.mass = ws.wts + v;
     ws.cnt = (uint32_t *)(ws.mass + CG_BINS);
     ws.idx = (int32_t *)(ws.cnt + CG_BINS);
     ws.bmax = (float *)(ws.idx + v);
@@ -727,62 +732,138 @@ cg_status cg_warp(const float *logits, int32_t n_logits, int32_t n_vocab,
 /* ================================================================================================
  * 6. Sampling
  *
+ * Every random token the helper emits (cg_sample_probs, cg_warp_sample, greedy's x ~ q, the
+ * residual and the bonus of cg_verify) is drawn by one routine, wl_pick, from a weight list: the
+ * positive weights of the row being drawn from, materialised in ascending token-id order into the
+ * workspace (ids in idx, weights as double in wts; section 3). Each caller only builds its list
+ * (wl_support here for a probability row; section 8 derives the residual lists from q's support).
+ *
  * Inverse CDF: with weights w (not necessarily normalised) and W = sum_i w_i, a uniform u in [0, 1)
  * picks the first i whose running sum exceeds t = u * W. Running sums are sequential in id order and
- * skip zero weights (exact), so they reproduce W and never stop on a zero-weight token.
+ * skip zero weights (the list holds only positive ones; skipping them is exact, adding +0.0 changes
+ * nothing), so they reproduce W and never stop on a zero-weight token. Floats convert to double
+ * exactly, so a list built from a float row sums and draws exactly as the row itself would.
  * Last-index guard: u * W can round up to W, leaving every running sum <= t; we then return the last
  * token with positive weight instead of running off the end.
  * ============================================================================================= */
 
-static int32_t pick_row(const float *w, int32_t n, double t)
+/* A weight list: id int32 [m] ascending, w double [m] all > 0 (storage: ws->idx and ws->wts). */
+typedef struct {
+    int32_t *id;
+    double *w;
+    int32_t m;
+} cg_wlist;
+
+/* Offer (i, x) as the next entry of a list being built in id order: kept iff x > 0 (zero and
+ * negative terms skipped). Branch-free: the slot m is written either way and only advanced for a
+ * kept entry. Filtering a list in place is safe: the slot written, m, is never past the entry
+ * being read. */
+static inline void wl_offer(cg_wlist *wl, int32_t i, double x)
 {
-    double cum = 0.0;
-    int32_t last = -1;
-    for (int32_t i = 0; i < n; ++i) {
-        const float x = w[i];
-        if (x > 0.0f) {
-            cum += (double)x;
-            last = i;
-            if (cum > t) {
-                return i;
-            }
-        }
-    }
-    return last; /* the last-index guard (see above) */
+    wl->id[wl->m] = i;
+    wl->w[wl->m] = x;
+    wl->m += x > 0.0;
 }
 
-/* Sequential sum of a valid row (entries >= 0), zero terms skipped. */
-static double sum_row(const float *w, int32_t n)
+/* Empty a list to filter it in place (wl_offer refills it from the front); returns its old length. */
+static inline int32_t wl_restart(cg_wlist *wl)
+{
+    const int32_t m = wl->m;
+    wl->m = 0;
+    return m;
+}
+
+/* W: the sequential sum of the list's weights, in id order. Not accumulated while lists are built:
+ * a running sum is a chain of dependent additions, so it is paid once, over the final list only. */
+static double wl_total(const cg_wlist *wl)
 {
     double s = 0.0;
-    for (int32_t i = 0; i < n; ++i) {
-        if (w[i] > 0.0f) {
-            s += (double)w[i];
-        }
+    for (int32_t j = 0; j < wl->m; ++j) {
+        s += wl->w[j];
     }
     return s;
 }
 
-/* Draw from a valid row with positive sum using the given uniform u. */
-static int32_t sample_row(const float *w, int32_t n, double u)
+/* The inverse-CDF draw: the first listed token whose running sum exceeds t. */
+static int32_t wl_pick(const cg_wlist *wl, double t)
 {
-    return pick_row(w, n, u * sum_row(w, n));
+    double cum = 0.0;
+    for (int32_t j = 0; j < wl->m; ++j) {
+        cum += wl->w[j];
+        if (cum > t) {
+            return wl->id[j];
+        }
+    }
+    /* the last-index guard (see above); an empty list (m = 0) is never drawn from */
+    return wl->m > 0 ? wl->id[wl->m - 1] : -1;
 }
 
-cg_status cg_sample_probs(const float *probs, int32_t n_vocab, cg_rng *rng, int32_t *token)
+/* Draw from a list with m >= 1 using the uniform u. */
+static int32_t wl_draw(const cg_wlist *wl, double u)
 {
-    if (!probs || !rng || !token || n_vocab < 1) {
+    return wl_pick(wl, u * wl_total(wl));
+}
+
+/* The support of a row (no NaN): its entries > 0 as a weight list. One vectorisable pass per block
+ * of CG_BLOCK entries counts the positive ones (for a non-NaN float x, x > 0 iff its bits u satisfy
+ * u - 1 < 0x7F800000 unsigned): a block with none is skipped (a warped row cut by top-k or top-p has
+ * only a few positive blocks), a block with all of them is copied straight (vectorisable), and a
+ * mixed one is compacted branch-free (the slot m <= i < n written by wl_offer always exists). */
+static cg_wlist wl_support(const float *x, int32_t n, const cg_ws *ws)
+{
+    cg_wlist wl = {ws->idx, ws->wts, 0};
+    const int32_t nb = n_blocks(n);
+    for (int32_t b = 0; b < nb; ++b) {
+        const int32_t lo = b * CG_BLOCK;
+        const int32_t len = n - lo < CG_BLOCK ? n - lo : CG_BLOCK;
+        const float *xb = x + lo;
+        int32_t n_pos = 0;
+        for (int32_t j = 0; j < len; ++j) {
+            uint32_t u;
+            memcpy(&u, &xb[j], sizeof u);
+            n_pos += u - 1u < UINT32_C(0x7F800000);
+        }
+        if (n_pos == len) {
+            int32_t *id = wl.id + wl.m;
+            double *w = wl.w + wl.m;
+            for (int32_t j = 0; j < len; ++j) {
+                id[j] = lo + j;
+                w[j] = (double)xb[j];
+            }
+            wl.m += len;
+        } else if (n_pos > 0) {
+            for (int32_t j = 0; j < len; ++j) {
+                wl_offer(&wl, lo + j, (double)xb[j]);
+            }
+        }
+    }
+    return wl;
+}
+
+/* Draw from a valid probability row with positive sum using the given uniform u. */
+static int32_t sample_row(const float *w, int32_t n, double u, const cg_ws *ws)
+{
+    const cg_wlist wl = wl_support(w, n, ws);
+    return wl_draw(&wl, u);
+}
+
+cg_status cg_sample_probs(const float *probs, int32_t n_vocab, cg_rng *rng, float *work,
+                          int32_t *token)
+{
+    if (!probs || !rng || !work || !token || n_vocab < 1) {
         return CG_ERR_BAD_ARGUMENT;
     }
     const cg_status st = check_prob_row(probs, n_vocab);
     if (st != CG_OK) {
         return st;
     }
-    const double total = sum_row(probs, n_vocab);
+    const cg_ws ws = ws_carve(work, n_vocab);
+    const cg_wlist wl = wl_support(probs, n_vocab, &ws);
+    const double total = wl_total(&wl);
     if (!(total < INFINITY)) {
         return CG_ERR_BAD_DISTRIBUTION; /* finite entries whose sum overflows */
     }
-    *token = pick_row(probs, n_vocab, cg_rng_uniform(rng) * total);
+    *token = wl_pick(&wl, cg_rng_uniform(rng) * total);
     return CG_OK;
 }
 
@@ -802,7 +883,7 @@ cg_status cg_warp_sample(const float *logits, int32_t n_logits, int32_t n_vocab,
     if (st != CG_OK) {
         return st;
     }
-    *token = sample_row(probs, n_vocab, cg_rng_uniform(rng)); /* exactly one uniform per call */
+    *token = sample_row(probs, n_vocab, cg_rng_uniform(rng), &ws); /* exactly one uniform per call */
     return CG_OK;
 }
 
@@ -939,57 +1020,33 @@ static inline double target_prob(const float *q, int32_t i, int32_t n, double h_
     return i == n ? h_n : (double)q[i] * scale;
 }
 
-/* Residual draw for sps and cactus: r = max(0, h - p), token ~ r / sum(r), with uniform v. */
+/* Residual draw for sps and cactus: r = max(0, h - p), token ~ r / sum(r), with uniform v.
+ * Only tokens in supp(q) can have r > 0, since p >= 0 and h vanishes off supp(q): h[i] = q[i] * scale
+ * (i != n) with a finite scale, and h[n] (q[n] for SpS, gamma for Cactus) is 0 when q[n] is. So the
+ * list starts as q's support and keeps, in id order, the tokens whose r is positive (zero and negative
+ * terms skipped, as in section 6): the same terms, in the same order, as a pass over all V ids. */
 static int32_t residual_rescaled(const float *q, const float *p, int32_t n, double h_n, double scale,
-                                 int32_t n_vocab, double v)
+                                 int32_t n_vocab, double v, const cg_ws *ws)
 {
-    double total = 0.0;
-    for (int32_t i = 0; i < n_vocab; ++i) {
-        const double r = target_prob(q, i, n, h_n, scale) - draft_prob(p, i, n);
-        if (r > 0.0) {
-            total += r;
-        }
+    cg_wlist wl = wl_support(q, n_vocab, ws);
+    int32_t m_q = wl_restart(&wl);
+    for (int32_t j = 0; j < m_q; ++j) {
+        const int32_t i = wl.id[j];
+        wl_offer(&wl, i, target_prob(q, i, n, h_n, scale) - draft_prob(p, i, n)); /* kept iff > 0 */
     }
-    if (total > 0.0) {
-        const double t = v * total;
-        double cum = 0.0;
-        int32_t last = -1;
-        for (int32_t i = 0; i < n_vocab; ++i) {
-            const double r = target_prob(q, i, n, h_n, scale) - draft_prob(p, i, n);
-            if (r > 0.0) {
-                cum += r;
-                last = i;
-                if (cum > t) {
-                    return i;
-                }
-            }
-        }
-        return last; /* last-index guard against rounding */
+    if (wl.m > 0) { /* m > 0 <=> sum(r) > 0: a sum of positive terms */
+        return wl_draw(&wl, v);
     }
     /* All-zero residual: h <= p everywhere, i.e. h = p up to rounding, so the rejection itself had
      * probability ~0. Fall back to a draw from h with the same v. h has positive mass: gamma > 0,
      * or gamma = q[n] = 0 and scale = 1, leaving q's mass. */
-    total = 0.0;
-    for (int32_t i = 0; i < n_vocab; ++i) {
-        const double h = target_prob(q, i, n, h_n, scale);
-        if (h > 0.0) {
-            total += h;
-        }
+    wl = wl_support(q, n_vocab, ws);
+    m_q = wl_restart(&wl);
+    for (int32_t j = 0; j < m_q; ++j) {
+        const int32_t i = wl.id[j];
+        wl_offer(&wl, i, target_prob(q, i, n, h_n, scale)); /* scale = 0 (gamma = 1) leaves only n */
     }
-    const double t = v * total;
-    double cum = 0.0;
-    int32_t last = -1;
-    for (int32_t i = 0; i < n_vocab; ++i) {
-        const double h = target_prob(q, i, n, h_n, scale);
-        if (h > 0.0) {
-            cum += h;
-            last = i;
-            if (cum > t) {
-                return i;
-            }
-        }
-    }
-    return last; /* last-index guard against rounding */
+    return wl_draw(&wl, v);
 }
 
 /* Membership of the top set T of q, described by its last element (value cut_v, id cut_id) in the
@@ -1000,56 +1057,29 @@ static inline int in_top(const float *q, int32_t i, float cut_v, int32_t cut_id)
     return q[i] > 0.0f && (q[i] > cut_v || (q[i] == cut_v && i <= cut_id));
 }
 
-/* Residual draw for topk acceptance: r = max(0, 1[T] - p), with uniform v. */
+/* Residual draw for topk acceptance: r = max(0, 1[T] - p), with uniform v. T lies in q's support
+ * (in_top), so the list starts as q's support and keeps the members of T with r > 0. */
 static int32_t residual_topk(const float *q, const float *p, int32_t n, float cut_v, int32_t cut_id,
-                             int32_t n_vocab, double v)
+                             int32_t n_vocab, double v, const cg_ws *ws)
 {
-    double total = 0.0;
-    for (int32_t i = 0; i < n_vocab; ++i) {
-        if (in_top(q, i, cut_v, cut_id)) {
-            const double r = 1.0 - draft_prob(p, i, n);
-            if (r > 0.0) {
-                total += r;
-            }
-        }
+    cg_wlist wl = wl_support(q, n_vocab, ws);
+    int32_t m_q = wl_restart(&wl);
+    for (int32_t j = 0; j < m_q; ++j) {
+        const int32_t i = wl.id[j];
+        wl_offer(&wl, i, in_top(q, i, cut_v, cut_id) ? 1.0 - draft_prob(p, i, n) : 0.0);
     }
-    if (total > 0.0) {
-        const double t = v * total;
-        double cum = 0.0;
-        int32_t last = -1;
-        for (int32_t i = 0; i < n_vocab; ++i) {
-            if (in_top(q, i, cut_v, cut_id)) {
-                const double r = 1.0 - draft_prob(p, i, n);
-                if (r > 0.0) {
-                    cum += r;
-                    last = i;
-                    if (cum > t) {
-                        return i;
-                    }
-                }
-            }
-        }
-        return last; /* last-index guard against rounding */
+    if (wl.m > 0) {
+        return wl_draw(&wl, v);
     }
     /* All-zero residual (|T| = 1 and p one-hot on it, which the test would have accepted): fall back
      * to a draw from h = uniform on T with the same v. */
-    double cum = 0.0;
-    int32_t last = -1;
-    total = 0.0;
-    for (int32_t i = 0; i < n_vocab; ++i) {
-        total += in_top(q, i, cut_v, cut_id) ? 1.0 : 0.0;
+    wl = wl_support(q, n_vocab, ws);
+    m_q = wl_restart(&wl);
+    for (int32_t j = 0; j < m_q; ++j) {
+        const int32_t i = wl.id[j];
+        wl_offer(&wl, i, in_top(q, i, cut_v, cut_id) ? 1.0 : 0.0);
     }
-    const double t = v * total;
-    for (int32_t i = 0; i < n_vocab; ++i) {
-        if (in_top(q, i, cut_v, cut_id)) {
-            cum += 1.0;
-            last = i;
-            if (cum > t) {
-                return i;
-            }
-        }
-    }
-    return last;
+    return wl_draw(&wl, v);
 }
 
 /* Outcome of one position's acceptance test. */
@@ -1087,7 +1117,7 @@ static void evaluate_position(const float *q, const float *p, int32_t n, int32_t
         }
         o->accepted = u * p_n < h_n;
         if (!o->accepted) {
-            o->token = residual_rescaled(q, p, n, h_n, scale, n_vocab, cg_rng_uniform(rng));
+            o->token = residual_rescaled(q, p, n, h_n, scale, n_vocab, cg_rng_uniform(rng), ws);
         }
         break;
     }
@@ -1141,12 +1171,12 @@ static void evaluate_position(const float *q, const float *p, int32_t n, int32_t
         o->kl = kl > 0.0 ? kl : 0.0; /* KL >= 0; rounding can leave -1e-17 when q is flat on T */
         o->accepted = in_top(q, n, cut_v, cut_id);
         if (!o->accepted) {
-            o->token = residual_topk(q, p, n, cut_v, cut_id, n_vocab, cg_rng_uniform(rng));
+            o->token = residual_topk(q, p, n, cut_v, cut_id, n_vocab, cg_rng_uniform(rng), ws);
         }
         break;
     }
     default: { /* CG_METHOD_GREEDY (validated): x ~ q with u; accept iff x = n; else emit x. h = q. */
-        const int32_t x = sample_row(q, n_vocab, u);
+        const int32_t x = sample_row(q, n_vocab, u, ws);
         o->accepted = x == n;
         o->token = x;
         break;
@@ -1222,7 +1252,7 @@ cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
         return st;
     }
     out->n_accepted = k;
-    out->next_token = sample_row(q, n_vocab, cg_rng_uniform(rng));
+    out->next_token = sample_row(q, n_vocab, cg_rng_uniform(rng), &ws);
     out->n_evaluated = k;
     out->kl_sum = kl_sum;
     out->kl_max = kl_max;

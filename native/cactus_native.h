@@ -94,7 +94,9 @@ void cg_rng_seed(cg_rng *rng, uint64_t seed);
 double cg_rng_uniform(cg_rng *rng);
 
 /* Scratch floats the caller must provide to the functions below (per call, reused):
- * about 4 V + 6200 floats (2.4 MB at V = 151,936); 0 when n_vocab < 1.
+ * 6 V + ceil(V / 64) + 6145 floats (3.7 MB at V = 151,936); 0 when n_vocab < 1. Besides the warp's
+ * selection scratch and cg_verify's warped row q, it holds the weight list every draw is made from
+ * (token ids and double weights of the row being drawn from), so no call allocates.
  * The workspace is untyped scratch carved into int32 / uint64 / double regions: allocate it with
  * malloc or numpy (4-byte alignment suffices), never pass a declared float array, and never share
  * one workspace between concurrent calls. */
@@ -118,11 +120,12 @@ cg_status cg_warp(const float *logits, int32_t n_logits, int32_t n_vocab,
                   const cg_sampler_params *sp, float *probs, float *work);
 
 /* Draw a token from a probability row (need not be normalised; must have a positive sum).
- *   probs: float32 [n_vocab];  token: out.
+ *   probs: float32 [n_vocab];  work: float32 [cg_workspace_size(n_vocab)];  token: out.
  * Exactly one uniform u per call; the token is the first i whose running sum exceeds u * sum
  * (never a zero-probability token). Errors: CG_ERR_BAD_DISTRIBUTION (a negative / NaN / inf
- * entry, or a zero sum), CG_ERR_BAD_ARGUMENT. */
-cg_status cg_sample_probs(const float *probs, int32_t n_vocab, cg_rng *rng, int32_t *token);
+ * entry, or a zero sum; no uniform is drawn), CG_ERR_BAD_ARGUMENT. */
+cg_status cg_sample_probs(const float *probs, int32_t n_vocab, cg_rng *rng, float *work,
+                          int32_t *token);
 
 /* Warp then sample: the draft's per-token call and the verifier-alone baseline's.
  *   probs: float32 [n_vocab] out (the warped distribution the token was drawn from).

@@ -777,3 +777,33 @@ def test_exact_solver_reported_kl_never_exceeds_delta_even_by_rounding():
             r = s.verify(None, np.array([0], np.int32), logits)
             worst = max(worst, r.kl_max - delta)
     assert worst <= 0.0
+
+
+def test_sample_probs_is_the_reference_inverse_cdf():
+    """cg_sample_probs (C layer) draws the reference's token for the same uniform: unnormalised
+    rows, +-0 entries, sparse rows whose positive entries sit in few blocks of 64 ids, and any V."""
+    rng = np.random.default_rng(12)
+    c_rng = native._RngC()
+    tok = ctypes.c_int32()
+    addr = ctypes.addressof
+    for V in [1, 5, 63, 64, 65, 300, 4099]:
+        work = np.empty(native._workspace_size(V), np.float32)
+        for _ in range(30):
+            density = float(rng.choice([0.002, 0.3, 1.0]))
+            row = (rng.random(V) * 3 * (rng.random(V) < density)).astype(np.float32)
+            row[rng.integers(0, V)] = np.float32(rng.random() + 1e-3)  # at least one positive
+            row[(row == 0) & (rng.random(V) < 0.5)] = -0.0
+            seed = int(rng.integers(0, 2**63))
+            native._rng_seed(addr(c_rng), seed)
+            st = native._sample_probs(row.ctypes.data, V, addr(c_rng), work.ctypes.data, addr(tok))
+            assert st == 0
+            assert tok.value == ref.pick(row.astype(np.float64), ref.XoshiroRef(seed).uniform())
+    # a bad row is reported before any uniform is drawn; the workspace is required
+    bad = np.array([0.5, -0.25, 0.5], np.float32)
+    work = np.empty(native._workspace_size(3), np.float32)
+    native._rng_seed(addr(c_rng), 5)
+    before = tuple(c_rng.s)
+    assert native._sample_probs(bad.ctypes.data, 3, addr(c_rng), work.ctypes.data, addr(tok)) == 3
+    assert tuple(c_rng.s) == before
+    good = np.abs(bad)
+    assert native._sample_probs(good.ctypes.data, 3, addr(c_rng), None, addr(tok)) == 1
