@@ -6,6 +6,7 @@ UTF-8, and an unfinished character at the very end, become U+FFFD, as Python's
 """
 from __future__ import annotations
 
+import bisect
 import codecs
 from typing import Sequence
 
@@ -59,11 +60,19 @@ class StopMatcher:
 
 
 class TextStream:
-    """Token bytes in, final text out: an incremental UTF-8 decoder in front of a StopMatcher."""
+    """Token bytes in, final text out: an incremental UTF-8 decoder in front of a StopMatcher.
+
+    Each token's bytes may carry a tag (e.g. where the token came from: an accepted draft or the
+    verifier); ``take_segments()`` returns the text released since its last call as (text, tag)
+    runs, each character tagged with the token that completed it.
+    """
 
     def __init__(self, stops: Sequence[str]) -> None:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stops = StopMatcher(stops)
+        self._starts: list[int] = []  # character offsets where a tag's run begins
+        self._tags: list = []
+        self._given = 0  # characters handed out through take_segments
 
     @property
     def text(self) -> str:
@@ -75,17 +84,39 @@ class TextStream:
         """A stop string has matched: nothing more is released."""
         return self._stops.hit
 
-    def feed(self, data: bytes) -> str:
+    def feed(self, data: bytes, tag=None) -> str:
         """The bytes of one token; returns the text that became final."""
-        return self._stops.feed(self._utf8.decode(data))
+        decoded = self._utf8.decode(data)
+        if decoded:
+            self._starts.append(len(self._stops.text))
+            self._tags.append(tag)
+        return self._stops.feed(decoded)
 
     def finish(self) -> str:
         """End of generation: the bytes of an unfinished character (U+FFFD), then any text held
         for stop strings. Returns what had not been released."""
         if self._stops.hit:
             return ""
-        piece = self._stops.feed(self._utf8.decode(b"", final=True))
+        tail = self._utf8.decode(b"", final=True)  # the bytes of an unfinished character
+        if tail:
+            self._starts.append(len(self._stops.text))
+            self._tags.append(self._tags[-1] if self._tags else None)
+        piece = self._stops.feed(tail)
         return piece if self._stops.hit else piece + self._stops.finish()
+
+    def take_segments(self) -> list[tuple[str, object]]:
+        """The text released since the last call, as (text, tag) runs."""
+        a, b = self._given, self._stops.released
+        self._given = b
+        out: list[tuple[str, object]] = []
+        i = max(0, bisect.bisect_right(self._starts, a) - 1)
+        while a < b and i < len(self._starts):
+            end = min(b, self._starts[i + 1] if i + 1 < len(self._starts) else b)
+            if end > a:
+                out.append((self._stops.text[a:end], self._tags[i]))
+                a = end
+            i += 1
+        return out
 
 
 def render_chat(template: str | None, messages: Sequence[dict], *, bos: str, eos: str,

@@ -183,3 +183,18 @@ def test_request_objects_are_frozen_and_validated():
     assert r.replace(k=5).k == 5 and r.k == 3
     with pytest.raises(InputError, match=r"draft_min must be in \[0, k=3\], got 4"):
         r.replace(draft_min=4)
+
+
+def test_stream_chunks_say_where_each_piece_of_text_came_from(engine):
+    want = engine.generate(PROMPTS[0], n_predict=40, seed=5, cache_prompt=False)
+    s = engine.stream(PROMPTS[0], n_predict=40, seed=5, cache_prompt=False)
+    chunks = list(s.chunks())
+    assert "".join(c.text for c in chunks) == want.text == s.result.text
+    sources = [src for c in chunks for _, src in c.segments]
+    for c in chunks:
+        assert "".join(t for t, _ in c.segments) == c.text
+    assert set(sources) <= {"draft", "residual", "bonus"} and "draft" in sources
+    # one chunk per step at most: a step emits AL + 1 tokens, so at least as many drafts as steps
+    assert len(chunks) <= s.result.stats.n_steps
+    alone = engine.stream(PROMPTS[0], n_predict=10, seed=5, method="none")
+    assert {src for c in alone.chunks() for _, src in c.segments} == {"verifier"}

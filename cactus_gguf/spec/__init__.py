@@ -8,9 +8,9 @@
 - ``vocab``: the check that a draft can speculate for a verifier.
 """
 from .drafters import Drafter, ModelDrafter, NgramDrafter
-from .engine import Engine, Stream
+from .engine import Chunk, Engine, Stream
 from .policy import DraftPolicy, FixedDraftLength
 from .vocab import VocabMismatchError, check_vocab_compatible
 
-__all__ = ["Engine", "Stream", "Drafter", "ModelDrafter", "NgramDrafter", "DraftPolicy",
+__all__ = ["Engine", "Stream", "Chunk", "Drafter", "ModelDrafter", "NgramDrafter", "DraftPolicy",
            "FixedDraftLength", "VocabMismatchError", "check_vocab_compatible"]

@@ -42,31 +42,44 @@ from ..stats import GenerationResult
 from ..text import render_chat
 from .drafters import ModelDrafter, NgramDrafter
 from .policy import FixedDraftLength
-from .session import Session
+from .session import Chunk, Session
 from .vocab import check_vocab_compatible
 
-__all__ = ["Engine", "Stream"]
+__all__ = ["Engine", "Stream", "Chunk"]
 
 
 class Stream(Iterator[str]):
-    """The text pieces of one generation as they become final (whole UTF-8 characters, never part
-    of a stop string); ``result`` holds the GenerationResult once the iterator is exhausted.
-    ``close()`` (or dropping it) abandons the generation; the engine stays ready."""
+    """The text of one generation as it becomes final, step by step (whole UTF-8 characters, never
+    part of a stop string); ``chunks()`` gives the same as :class:`Chunk` objects, which also say
+    which text came from accepted drafts and which from the verifier. ``result`` holds the
+    GenerationResult once the stream is exhausted. ``close()`` (or dropping it) abandons the
+    generation; the engine stays ready."""
 
-    def __init__(self, pieces: Iterator[str], session: Session) -> None:
-        self._pieces = pieces
+    def __init__(self, chunks: Iterator[Chunk], session: Session) -> None:
+        self._chunks = chunks
         self._session = session
         self.result: GenerationResult | None = None
 
-    def __next__(self) -> str:
+    def _next_chunk(self) -> Chunk:
         try:
-            return next(self._pieces)
+            return next(self._chunks)
         except StopIteration as done:
             self.result = done.value
             raise StopIteration from None
 
+    def __next__(self) -> str:
+        return self._next_chunk().text
+
+    def chunks(self) -> Iterator[Chunk]:
+        """The remaining text as Chunks."""
+        while True:
+            try:
+                yield self._next_chunk()
+            except StopIteration:
+                return
+
     def close(self) -> None:
-        self._pieces.close()
+        self._chunks.close()
 
     def partial(self, reason: str = "interrupted") -> GenerationResult:
         """The result so far of a generation that was cut short (an exception, a Ctrl-C, an
@@ -190,9 +203,9 @@ class Engine:
         session = self._begin(prompt, self.request(request, **overrides))
         with self._acquire(wait):
             while not session.finished:
-                for piece in self._advance(session):
-                    if on_text is not None:
-                        on_text(piece)
+                chunk = self._advance(session)
+                if chunk is not None and on_text is not None:
+                    on_text(chunk.text)
         return session.result
 
     def stream(self, prompt: str | Sequence[int], request: Request | None = None, *,
@@ -201,7 +214,7 @@ class Engine:
         is set once exhausted). Arguments are checked here; the engine is taken per step, so
         other callers may run between two pieces. ``wait`` applies to the first step."""
         session = self._begin(prompt, self.request(request, **overrides))
-        return Stream(self._pieces(session, wait), session)
+        return Stream(self._chunks(session, wait), session)
 
     def chat(self, messages: Sequence[dict], request: Request | None = None, **kwargs
              ) -> GenerationResult:
@@ -225,13 +238,14 @@ class Engine:
         finally:
             self._lock.release()
 
-    def _pieces(self, session: Session, wait: bool):
+    def _chunks(self, session: Session, wait: bool):
         first = True
         while not session.finished:
             with self._acquire(wait or not first):
-                pieces = self._advance(session)
+                chunk = self._advance(session)
             first = False
-            yield from pieces
+            if chunk is not None:
+                yield chunk
         return session.result
 
     def _begin(self, prompt, req: Request) -> Session:
@@ -278,19 +292,19 @@ class Engine:
         return Session(tokens, req, seed, sampler, drafter, FixedDraftLength.from_request(req),
                        n_ctx=ver.n_ctx)
 
-    def _advance(self, session: Session) -> list[str]:
+    def _advance(self, session: Session) -> Chunk | None:
         """Under the lock: process the prompt, or run one step; the text released."""
         self._live()
         try:
             if not session.started:
                 self._prefill(session)
-                return []
+                return None
             if self._owner is not session:
                 self._resync(session)
             pieces = self._step(session)
             if session.finished:
                 pieces += session.finish()
-            return pieces
+            return session.chunk(pieces)
         except BaseException:
             self._owner = None  # the caches may hold part of a step: restore before any reuse
             session.finished = True
@@ -384,7 +398,9 @@ class Engine:
 
         n_before = len(committed)
         model = ver.model
-        pieces = session.emit(tokens[:n_acc].tolist() + [nxt], model.is_eog, model.token_to_piece)
+        last = "verifier" if n_drafted == 0 else "bonus" if n_acc == n_drafted else "residual"
+        pieces = session.emit(tokens[:n_acc].tolist() + [nxt], ["draft"] * n_acc + [last],
+                              model.is_eog, model.token_to_piece)
         # the accepted drafts the generation used: up to its end (an ending end-of-generation
         # token included, drafts after a completed stop string not)
         used = len(committed) - n_before + (1 if session.stop_reason == "eos" else 0)

@@ -9,6 +9,7 @@ it resumes another one).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..stats import GenerationResult, GenerationStats
@@ -16,7 +17,21 @@ from ..text import TextStream
 from .drafters import Drafter
 from .policy import DraftPolicy
 
-__all__ = ["Session"]
+__all__ = ["Session", "Chunk"]
+
+# Where an emitted token came from (Chunk.segments): an accepted draft, the verifier's token at the
+# first rejection (residual), after all k drafts were accepted (bonus), or in a step with no draft.
+SOURCES = ("draft", "residual", "bonus", "verifier")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Text one step released: ``text`` (whole UTF-8 characters, never part of a stop string) and
+    ``segments``, the same text as (text, source) runs, each character attributed to the token that
+    completed it, source one of ``SOURCES``."""
+
+    text: str
+    segments: tuple[tuple[str, str], ...]
 
 
 class Session:
@@ -51,21 +66,22 @@ class Session:
     def remaining(self) -> int:
         return self.request.n_predict - len(self.out_tokens)
 
-    def emit(self, tokens: Sequence[int], is_eog: Callable[[int], bool],
+    def emit(self, tokens: Sequence[int], sources: Sequence[str], is_eog: Callable[[int], bool],
              piece: Callable[[int], bytes]) -> list[str]:
-        """Commit the step's emitted tokens in order, stopping at the first end-of-generation
-        token (not committed), stop string or the n_predict limit. Returns the text released."""
+        """Commit the step's emitted tokens in order (``sources``: where each came from, see
+        SOURCES), stopping at the first end-of-generation token (not committed), stop string or
+        the n_predict limit. Returns the text released."""
         out = []
         if not self.out_tokens and not self.stats.first_token_seconds:
             self.stats.first_token_seconds = time.perf_counter() - self.t_prefill
-        for tok in tokens:
+        for tok, source in zip(tokens, sources):
             if is_eog(tok):
                 self.stop_reason, self.finished = "eos", True
                 self.stats.n_end_tokens = 1
                 break
             self.committed.append(tok)
             self.out_tokens.append(tok)
-            text = self.text.feed(piece(tok))
+            text = self.text.feed(piece(tok), source)
             if text:
                 out.append(text)
             if self.text.stopped:
@@ -84,6 +100,11 @@ class Session:
 
     def stop(self, reason: str, message: str) -> None:
         self.stop_reason, self.message, self.finished = reason, message, True
+
+    def chunk(self, pieces: Sequence[str]) -> Chunk | None:
+        """The released ``pieces`` as one Chunk with their sources (None when empty)."""
+        text = "".join(pieces)
+        return Chunk(text, tuple(self.text.take_segments())) if text else None
 
     def finish(self) -> list[str]:
         """Close the generation: release the held text and build ``result``."""
