@@ -155,6 +155,8 @@ static cg_status check_prob_row(const float *p, int32_t n)
  *                                         overlap in time: a draw starts after the last selection)
  *   bmax   float  [V/BLOCK]   ceil(V/64)  maximum logit of each block of 64 consecutive ids
  *   q      float  [V]         V           cg_verify: the warped verifier distribution at a position
+ *   ml     float  [V]         V           a logits row with the disallowed tokens set to -inf (only
+ *                                         when an allowed-token mask is given; section 5)
  * ============================================================================================= */
 
 #define CG_BINS 2048 /* 2^11: the widest radix digit */
@@ -168,6 +170,7 @@ typedef struct {
     int32_t *idx;
     float *bmax;
     float *q;
+    float *ml;
 } cg_ws;
 
 static inline int32_t n_blocks(int32_t n) { return (int32_t)(((int64_t)n + CG_BLOCK - 1) / CG_BLOCK); }
@@ -178,7 +181,7 @@ int64_t cg_workspace_size(int32_t n_vocab)
         return 0;
     }
     const int64_t v = n_vocab;
-    return 1 + 2 * v + 2 * v + 2 * CG_BINS + CG_BINS + v + n_blocks(n_vocab) + v;
+    return 1 + 2 * v + 2 * v + 2 * CG_BINS + CG_BINS + v + n_blocks(n_vocab) + v + v;
 }
 
 static cg_ws ws_carve(float *work, int32_t n_vocab)
@@ -194,6 +197,7 @@ static cg_ws ws_carve(float *work, int32_t n_vocab)
     ws.idx = (int32_t *)(ws.cnt + CG_BINS);
     ws.bmax = (float *)(ws.idx + v);
     ws.q = ws.bmax + n_blocks(n_vocab);
+    ws.ml = ws.q + v;
     return ws;
 }
 
@@ -394,6 +398,9 @@ static int32_t select_prefix(const float *vals, const float *w, int32_t n, int f
  *   temp.:  probs_i = exp((l_i - l_max) / T) / Z over the kept tokens, 0 elsewhere
  * Max-subtraction guard: every exponent is <= 0 and the argmax (always kept) contributes exp(0) = 1,
  * so nothing overflows and every normaliser Z is >= 1 (no division by zero).
+ * Allowed-token mask (optional): a disallowed token is treated exactly like a -inf logit. mask_row
+ * copies the row into ws->ml with those logits set to -inf and the warp runs unchanged on the copy,
+ * so every rule above (ties, guards, the kept sets) holds over the allowed tokens alone.
  * ============================================================================================= */
 
 /* Signed order key: for non-NaN floats, a < b  =>  skey(a) < skey(b) as int32 (and -0.0 < +0.0).
@@ -709,6 +716,62 @@ static cg_status warp_row(const float *logits, int32_t n_logits, int32_t n_vocab
     return CG_OK;
 }
 
+/* Words of an allowed-token mask over n ids: ceil(n / 32). */
+static inline int32_t mask_words(int32_t n) { return (int32_t)(((int64_t)n + 31) / 32); }
+
+/*
+ * ml[i] = l[i] if token i is allowed (bit i % 32 of allowed[i / 32]), else -inf, for i in [0, n).
+ * Checks the row as given, mask or not: a NaN or +inf anywhere (a disallowed slot hides no fault) or
+ * every logit -inf is CG_ERR_NONFINITE_LOGITS, as without a mask; then no allowed finite logit is
+ * CG_ERR_EMPTY_MASK. One pass in integer key space (skey), 32 ids per mask word.
+ */
+static cg_status mask_row(const float *l, int32_t n, const uint32_t *allowed, float *ml)
+{
+    /* 1 << b from a table: a per-lane variable shift does not vectorise without AVX2 */
+    static const uint32_t bit_of[32] = {
+        0x1u,       0x2u,       0x4u,       0x8u,       0x10u,       0x20u,       0x40u,       0x80u,
+        0x100u,     0x200u,     0x400u,     0x800u,     0x1000u,     0x2000u,     0x4000u,     0x8000u,
+        0x10000u,   0x20000u,   0x40000u,   0x80000u,   0x100000u,   0x200000u,   0x400000u,   0x800000u,
+        0x1000000u, 0x2000000u, 0x4000000u, 0x8000000u, 0x10000000u, 0x20000000u, 0x40000000u, 0x80000000u};
+    int32_t k_max = INT32_MIN; /* over the row as given */
+    int32_t k_min = INT32_MAX;
+    int32_t k_kept = INT32_MIN; /* over the masked row */
+    const int32_t nw = mask_words(n);
+    for (int32_t w = 0; w < nw; ++w) {
+        const int32_t lo = w * 32;
+        const int32_t len = n - lo < 32 ? n - lo : 32;
+        const uint32_t bits = allowed[w];
+        for (int32_t b = 0; b < len; ++b) {
+            const int32_t k = skey(l[lo + b]);
+            const int32_t km = (bits & bit_of[b]) ? k : SKEY_NEG_INF;
+            k_max = k > k_max ? k : k_max;
+            k_min = k < k_min ? k : k_min;
+            k_kept = km > k_kept ? km : k_kept;
+            ml[lo + b] = from_skey(km); /* the very bits of l[i], or -inf */
+        }
+    }
+    if (k_max >= SKEY_POS_INF || k_min < SKEY_NEG_INF || k_max == SKEY_NEG_INF) {
+        return CG_ERR_NONFINITE_LOGITS;
+    }
+    return k_kept > SKEY_NEG_INF ? CG_OK : CG_ERR_EMPTY_MASK;
+}
+
+/* warp_row through the mask when one is given (allowed may be NULL): one branch per row, so a NULL
+ * mask costs nothing. probs must not overlap logits or the workspace. */
+static cg_status warp_masked(const float *logits, int32_t n_logits, int32_t n_vocab,
+                             const uint32_t *allowed, const cg_sampler_params *sp, float *probs,
+                             const cg_ws *ws)
+{
+    if (allowed) {
+        const cg_status st = mask_row(logits, n_logits, allowed, ws->ml);
+        if (st != CG_OK) {
+            return st;
+        }
+        logits = ws->ml;
+    }
+    return warp_row(logits, n_logits, n_vocab, sp, probs, ws);
+}
+
 static cg_status check_warp_args(const float *logits, int32_t n_logits, int32_t n_vocab,
                                  const cg_sampler_params *sp, const float *probs, const float *work)
 {
@@ -718,7 +781,7 @@ static cg_status check_warp_args(const float *logits, int32_t n_logits, int32_t 
     return check_sampler_params(sp);
 }
 
-cg_status cg_warp(const float *logits, int32_t n_logits, int32_t n_vocab,
+cg_status cg_warp(const float *logits, int32_t n_logits, int32_t n_vocab, const uint32_t *allowed,
                   const cg_sampler_params *sp, float *probs, float *work)
 {
     const cg_status st = check_warp_args(logits, n_logits, n_vocab, sp, probs, work);
@@ -726,7 +789,7 @@ cg_status cg_warp(const float *logits, int32_t n_logits, int32_t n_vocab,
         return st;
     }
     const cg_ws ws = ws_carve(work, n_vocab);
-    return warp_row(logits, n_logits, n_vocab, sp, probs, &ws);
+    return warp_masked(logits, n_logits, n_vocab, allowed, sp, probs, &ws);
 }
 
 /* ================================================================================================
@@ -868,8 +931,8 @@ cg_status cg_sample_probs(const float *probs, int32_t n_vocab, cg_rng *rng, floa
 }
 
 cg_status cg_warp_sample(const float *logits, int32_t n_logits, int32_t n_vocab,
-                         const cg_sampler_params *sp, cg_rng *rng, float *probs, float *work,
-                         int32_t *token)
+                         const uint32_t *allowed, const cg_sampler_params *sp, cg_rng *rng,
+                         float *probs, float *work, int32_t *token)
 {
     cg_status st = check_warp_args(logits, n_logits, n_vocab, sp, probs, work);
     if (st != CG_OK) {
@@ -879,7 +942,7 @@ cg_status cg_warp_sample(const float *logits, int32_t n_logits, int32_t n_vocab,
         return CG_ERR_BAD_ARGUMENT;
     }
     const cg_ws ws = ws_carve(work, n_vocab);
-    st = warp_row(logits, n_logits, n_vocab, sp, probs, &ws);
+    st = warp_masked(logits, n_logits, n_vocab, allowed, sp, probs, &ws);
     if (st != CG_OK) {
         return st;
     }
@@ -1185,7 +1248,7 @@ static void evaluate_position(const float *q, const float *p, int32_t n, int32_t
 }
 
 cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
-                    const float *verifier_logits, int32_t k, int32_t n_vocab,
+                    const float *verifier_logits, const uint32_t *allowed, int32_t k, int32_t n_vocab,
                     const cg_sampler_params *sp, const cg_accept_params *ap, cg_rng *rng,
                     float *work, cg_step_result *out)
 {
@@ -1219,11 +1282,13 @@ cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
 
     const cg_ws ws = ws_carve(work, n_vocab);
     float *q = ws.q;
+    const size_t nw = (size_t)mask_words(n_vocab); /* words per row of the mask */
     double kl_sum = 0.0;
     double kl_max = 0.0;
     for (int32_t i = 0; i < k; ++i) {
         const float *row = verifier_logits + (size_t)i * (size_t)n_vocab;
-        st = warp_row(row, n_vocab, n_vocab, sp, q, &ws);
+        const uint32_t *mask = allowed ? allowed + (size_t)i * nw : NULL;
+        st = warp_masked(row, n_vocab, n_vocab, mask, sp, q, &ws);
         if (st != CG_OK) {
             memset(out, 0, sizeof *out);
             return st;
@@ -1246,7 +1311,8 @@ cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
     }
 
     /* all k accepted (or k = 0): the bonus token from q at position k */
-    st = warp_row(verifier_logits + (size_t)k * (size_t)n_vocab, n_vocab, n_vocab, sp, q, &ws);
+    st = warp_masked(verifier_logits + (size_t)k * (size_t)n_vocab, n_vocab, n_vocab,
+                     allowed ? allowed + (size_t)k * nw : NULL, sp, q, &ws);
     if (st != CG_OK) {
         memset(out, 0, sizeof *out);
         return st;

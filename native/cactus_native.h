@@ -17,6 +17,12 @@
  *
  * Token ids are int32 indices into [0, V); "row i" is an index into a batch of positions.
  *
+ * Allowed-token mask (optional, for grammar-constrained decoding): uint32 [ceil(V / 32)] per row,
+ * bit (i % 32) of word i / 32 set = token i allowed; bits for ids >= V are ignored. Read in place.
+ * A disallowed token is treated exactly like a -inf logit: probability 0, never kept by any warp, so
+ * the warped row is a distribution over the allowed tokens only. NULL = every token allowed (and costs
+ * nothing: the mask is looked at once per row, never per token).
+ *
  * Rules: Y. Hao, L. Mou, "Cactus: Accelerating Auto-Regressive Decoding with Constrained Acceptance
  * Speculative Sampling", ICLR 2026, arXiv:2604.04987; SpS: Leviathan et al. 2023, Chen et al. 2023;
  * typical acceptance: Cai et al. 2024 (Medusa) as in vLLM.
@@ -37,8 +43,9 @@ extern "C" {
 typedef enum {
     CG_OK = 0,
     CG_ERR_BAD_ARGUMENT = 1,   /* a NULL pointer, V < 1, k < 0, a token outside [0, V), bad params */
-    CG_ERR_NONFINITE_LOGITS = 2, /* a NaN or +inf logit, or every logit -inf */
+    CG_ERR_NONFINITE_LOGITS = 2, /* a NaN or +inf logit (masked or not), or every logit -inf */
     CG_ERR_BAD_DISTRIBUTION = 3, /* a probability row that is negative, NaN, or sums to 0 */
+    CG_ERR_EMPTY_MASK = 4,       /* an allowed-token mask leaves no finite logit in a row */
 } cg_status;
 
 typedef enum {
@@ -94,29 +101,36 @@ void cg_rng_seed(cg_rng *rng, uint64_t seed);
 double cg_rng_uniform(cg_rng *rng);
 
 /* Scratch floats the caller must provide to the functions below (per call, reused):
- * 6 V + ceil(V / 64) + 6145 floats (3.7 MB at V = 151,936); 0 when n_vocab < 1. Besides the warp's
+ * 7 V + ceil(V / 64) + 6145 floats (4.3 MB at V = 151,936); 0 when n_vocab < 1. Besides the warp's
  * selection scratch and cg_verify's warped row q, it holds the weight list every draw is made from
- * (token ids and double weights of the row being drawn from), so no call allocates.
+ * (token ids and double weights of the row being drawn from) and the masked copy of a logits row
+ * when an allowed-token mask is given, so no call allocates.
  * The workspace is untyped scratch carved into int32 / uint64 / double regions: allocate it with
  * malloc or numpy (4-byte alignment suffices), never pass a declared float array, and never share
  * one workspace between concurrent calls. */
 int64_t cg_workspace_size(int32_t n_vocab);
 
 /* Warp one logits row into probabilities.
- *   logits: float32 [n_logits]  raw logits (read only). 1 <= n_logits <= n_vocab; entries
- *           [n_logits, n_vocab) of probs are set to 0 (a draft vocabulary that is a prefix).
- *           -inf logits are allowed (probability 0).
- *   probs:  float32 [n_vocab]   output, sums to 1, zeros outside the kept set. Must not overlap
- *           logits (it doubles as scratch).
- *   work:   float32 [cg_workspace_size(n_vocab)]
+ *   logits:  float32 [n_logits]  raw logits (read only). 1 <= n_logits <= n_vocab; entries
+ *            [n_logits, n_vocab) of probs are set to 0 (a draft vocabulary that is a prefix).
+ *            -inf logits are allowed (probability 0).
+ *   allowed: uint32 [ceil(n_vocab / 32)] allowed-token mask (see the top), or NULL for none; only
+ *            the words covering [0, n_logits) are read.
+ *   probs:   float32 [n_vocab]   output, sums to 1, zeros outside the kept set. Must not overlap
+ *            logits or work (it doubles as scratch).
+ *   work:    float32 [cg_workspace_size(n_vocab)]
  * min-p is evaluated exactly as l_i - l_max >= log(min_p) in double. O(V): top-k selects through
  * block maxima and a radix partition, top-p without top-k through a radix partition (no full sort).
  * Accuracy against the exact softmax of the float32 inputs: explicit kept lists (top-k, top-p) use
  * double exp (~1 ulp); V-long loops use a float polynomial exp (1.7 ulp) of a float argument:
  * absolute error < 2e-7 of the largest probability, relative < 1e-6 above 1e-6 of it, and
  * tokens below exp(-87.3) of the largest (where floats turn subnormal) get exactly 0.
- * Errors: CG_ERR_NONFINITE_LOGITS, CG_ERR_BAD_ARGUMENT. */
-cg_status cg_warp(const float *logits, int32_t n_logits, int32_t n_vocab,
+ * With a mask the row is first copied into the workspace with every disallowed logit set to -inf
+ * (one pass over n_logits); the warp then runs on the copy exactly as without a mask.
+ * Errors, checked in this order: CG_ERR_BAD_ARGUMENT; CG_ERR_NONFINITE_LOGITS (a NaN or +inf
+ * anywhere in the row, allowed or not, or every logit -inf); CG_ERR_EMPTY_MASK (logits are finite
+ * somewhere, but at no allowed token). probs is unspecified after an error. */
+cg_status cg_warp(const float *logits, int32_t n_logits, int32_t n_vocab, const uint32_t *allowed,
                   const cg_sampler_params *sp, float *probs, float *work);
 
 /* Draw a token from a probability row (need not be normalised; must have a positive sum).
@@ -128,11 +142,13 @@ cg_status cg_sample_probs(const float *probs, int32_t n_vocab, cg_rng *rng, floa
                           int32_t *token);
 
 /* Warp then sample: the draft's per-token call and the verifier-alone baseline's.
- *   probs: float32 [n_vocab] out (the warped distribution the token was drawn from).
- * Exactly one uniform per call (also when temperature <= 0). */
+ *   allowed: as for cg_warp (NULL = none); the token is then always an allowed one.
+ *   probs:   float32 [n_vocab] out (the warped distribution the token was drawn from).
+ * Exactly one uniform per call (also when temperature <= 0); none when the warp fails (errors as
+ * for cg_warp). */
 cg_status cg_warp_sample(const float *logits, int32_t n_logits, int32_t n_vocab,
-                         const cg_sampler_params *sp, cg_rng *rng, float *probs, float *work,
-                         int32_t *token);
+                         const uint32_t *allowed, const cg_sampler_params *sp, cg_rng *rng,
+                         float *probs, float *work, int32_t *token);
 
 /* Cactus target mass on the drafted token: gamma(q_n, delta) for the given solver.
  * q_n in [0, 1]; delta >= 0. q_n = 0 -> 0; q_n = 1 -> 1; delta = 0 -> q_n exactly (both solvers).
@@ -146,10 +162,16 @@ double cg_cactus_gamma(double q_n, double delta, int32_t solver);
  *   draft_tokens:    int32 [k]
  *   verifier_logits: float32 [k+1, n_vocab], row stride n_vocab (read in place; row i is the
  *                    verifier's prediction for draft position i, row k the bonus position)
+ *   allowed:         uint32 [k+1, ceil(n_vocab / 32)], row stride ceil(n_vocab / 32), or NULL for
+ *                    none: row i masks verifier row i (see the top; read in place). The caller
+ *                    masks the draft's rows with the same masks through cg_warp_sample, so p and q
+ *                    are distributions over the same legal set (SpS then emits exactly the masked
+ *                    verifier law). Whatever p is, no rule emits a disallowed token: q is 0 there.
  *   k:               draft length, >= 0 (k = 0 just samples the bonus from row 0)
  *   work:            float32 [cg_workspace_size(n_vocab)]
  *   out:             result (see cg_step_result)
- * Uses the rng in a fixed order, so the same seed and inputs give the same result:
+ * Uses the rng in a fixed order (the same with or without a mask), so the same seed and inputs
+ * give the same result:
  *   - one uniform u per evaluated position, drawn after that position's warp: the acceptance draw
  *     (sps, cactus, topk), the draw of x ~ q (greedy), or drawn and unused (typical);
  *   - on the first rejection, one more uniform for the residual draw (sps, cactus, topk only:
@@ -166,10 +188,11 @@ double cg_cactus_gamma(double q_n, double delta, int32_t solver);
  * Validation is up front: every id in draft_tokens and every draft_probs row (k x V reads;
  * CG_ERR_BAD_DISTRIBUTION for a negative / NaN / inf entry or an all-zero row). Verifier rows are
  * warped only as reached: row i only when positions 0 .. i-1 were accepted (so a non-finite row
- * past the first rejection is not reported).
+ * past the first rejection is not reported); a reached row fails as in cg_warp
+ * (CG_ERR_NONFINITE_LOGITS, or CG_ERR_EMPTY_MASK when its mask allows no finite logit).
  * On an error, out is all zeros and the rng may have advanced. */
 cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
-                    const float *verifier_logits, int32_t k, int32_t n_vocab,
+                    const float *verifier_logits, const uint32_t *allowed, int32_t k, int32_t n_vocab,
                     const cg_sampler_params *sp, const cg_accept_params *ap, cg_rng *rng,
                     float *work, cg_step_result *out);
 

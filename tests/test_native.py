@@ -6,7 +6,8 @@ distribution, n = drafted token, h = acceptance target (native/cactus_native.h).
 Kinds of test, in order: the RNG against a pure-Python xoshiro256**; warps against the NumPy
 reference and hand-computed values; the Cactus gamma against hand-computed numbers and the binary-KL
 definition; cg_verify token-for-token against the reference fed the same uniforms; delta = 0 equals
-SpS; greedy decoding; Monte-Carlo histograms against the analytic emitted-token law; seeds; edges.
+SpS; greedy decoding; Monte-Carlo histograms against the analytic emitted-token law; seeds; edges;
+the allowed-token mask (exactly a -inf logit, against the reference, errors, and the law SpS emits).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from cactus_gguf.sampling import native
 from cactus_gguf.sampling import (
     AcceptanceParams,
     BadDistributionError,
+    EmptyMaskError,
     NativeArgumentError,
     NativeSampler,
     NonFiniteLogitsError,
@@ -32,6 +34,7 @@ from cactus_gguf.sampling import (
     StepResult,
     binary_kl,
     cactus_gamma,
+    pack_allowed,
 )
 
 ALPHA = 0.001  # significance level of every chi-square test below
@@ -737,23 +740,23 @@ def test_c_layer_validates_parameters_on_its_own():
 
     def warp_status(*sp):
         c = native._SamplerParamsC(*sp)
-        return native._warp(logits.ctypes.data, V, V, addr(c), probs.ctypes.data, work.ctypes.data)
+        return native._warp(logits.ctypes.data, V, V, None, addr(c), probs.ctypes.data, work.ctypes.data)
 
     assert warp_status(1.0, 0, 1.0, 0.0) == 0
     for sp in [(math.nan, 0, 1.0, 0.0), (1.0, -1, 1.0, 0.0), (1.0, 0, 0.0, 0.0), (1.0, 0, 1.5, 0.0),
                (1.0, 0, math.nan, 0.0), (1.0, 0, 1.0, -0.5), (1.0, 0, 1.0, 2.0)]:
         assert warp_status(*sp) == 1, sp
-    assert native._warp(logits.ctypes.data, V + 1, V, addr(native._SamplerParamsC(1, 0, 1, 0)),
+    assert native._warp(logits.ctypes.data, V + 1, V, None, addr(native._SamplerParamsC(1, 0, 1, 0)),
                         probs.ctypes.data, work.ctypes.data) == 1  # n_logits > V
-    assert native._warp(None, V, V, addr(native._SamplerParamsC(1, 0, 1, 0)), probs.ctypes.data,
+    assert native._warp(None, V, V, None, addr(native._SamplerParamsC(1, 0, 1, 0)), probs.ctypes.data,
                         work.ctypes.data) == 1
 
     sp = native._SamplerParamsC(1.0, 0, 1.0, 0.0)
 
     def verify_status(*ap, k=1, n_vocab=V):
         a = native._AcceptParamsC(*ap)
-        return native._verify(None, toks.ctypes.data, vl.ctypes.data, k, n_vocab, addr(sp), addr(a),
-                              addr(rng), work.ctypes.data, addr(res))
+        return native._verify(None, toks.ctypes.data, vl.ctypes.data, None, k, n_vocab, addr(sp),
+                              addr(a), addr(rng), work.ctypes.data, addr(res))
 
     assert verify_status(1, 0, 1.0, 0.09, 0.3, 5) == 0
     for ap in [(5, 0, 1.0, 0.09, 0.3, 5), (-1, 0, 1.0, 0.09, 0.3, 5), (1, 2, 1.0, 0.09, 0.3, 5),
@@ -807,3 +810,271 @@ def test_sample_probs_is_the_reference_inverse_cdf():
     assert tuple(c_rng.s) == before
     good = np.abs(bad)
     assert native._sample_probs(good.ctypes.data, 3, addr(c_rng), None, addr(tok)) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Allowed-token mask
+# ---------------------------------------------------------------------------------------------
+
+
+def random_masks(rng, rows, V, density=None):
+    """bool [rows, V], each row with at least one allowed token."""
+    d = rng.choice([0.05, 0.3, 0.7, 0.97]) if density is None else density
+    m = rng.random((rows, V)) < d
+    m[np.arange(rows), rng.integers(0, V, rows)] = True
+    return m
+
+
+def with_padding_bits_set(bits, V):
+    """The same mask with every bit past V set: those bits must be ignored."""
+    out = bits.copy()
+    if V % 32:
+        out[..., -1] |= np.uint32((0xFFFFFFFF << (V % 32)) & 0xFFFFFFFF)
+    return out
+
+
+def test_pack_allowed_layout():
+    m = np.zeros(70, bool)
+    m[[0, 5, 31, 32, 69]] = True
+    w = pack_allowed(m)
+    assert w.dtype == np.uint32 and w.shape == (3,) and w.flags.c_contiguous
+    assert w.tolist() == [1 | (1 << 5) | (1 << 31), 1, 1 << 5]
+    np.testing.assert_array_equal(ref.allowed_bool(w, 70), m)  # the reference unpacks bit by bit
+    assert pack_allowed(np.ones((2, 33), bool)).tolist() == [[0xFFFFFFFF, 1]] * 2
+    with pytest.raises(ValueError, match="boolean"):
+        pack_allowed(np.ones(5, np.int32))
+
+
+@pytest.mark.parametrize("V", [1, 7, 32, 33, 300])
+def test_masked_warp_is_exactly_a_minus_inf_logit_and_matches_the_reference(V):
+    rng = np.random.default_rng(100 + V)
+    combos = itertools.product([0.0, 0.6, 1.0], [0, 1, 3, 20], [1.0, 0.9], [0.0, 0.05])
+    for T, top_k, top_p, min_p in combos:
+        s = sampler(V, temperature=T, top_k=top_k, top_p=top_p, min_p=min_p)
+        for trial in range(3):
+            l = (rng.standard_normal(V) * 3).astype(np.float32)
+            if trial == 1:
+                l = np.round(l)  # ties
+            m = random_masks(rng, 1, V)[0]
+            if trial == 2 and V > 2:
+                l[rng.integers(0, V, V // 3)] = -np.inf
+                l[rng.choice(np.flatnonzero(m))] = 0.0  # an allowed finite logit remains
+            bits = pack_allowed(m)
+            got = s.warp(l, allowed=bits)
+            # bit for bit the unmasked warp of the row with the disallowed logits at -inf
+            np.testing.assert_array_equal(got, s.warp(np.where(m, l, -np.inf).astype(np.float32)))
+            np.testing.assert_array_equal(got, s.warp(l, allowed=with_padding_bits_set(bits, V)))
+            assert not got[~m].any()
+            for allowed in (bits, m):  # the reference takes the bitmask or the boolean form
+                want = ref.warp(l, V, T, top_k, top_p, min_p, allowed=allowed)
+                np.testing.assert_allclose(got, want, atol=1e-6, err_msg=f"{T=} {top_k=} {top_p=} {min_p=}")
+                np.testing.assert_array_equal(got > 0, want > 0)
+
+
+def test_masked_warp_of_a_prefix_draft_vocabulary():
+    V, n = 70, 40  # the draft scores only the first 40 ids; the mask covers all 70
+    s = sampler(V, temperature=0.8, top_k=5)
+    l = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+    m = np.zeros(V, bool)
+    m[[2, 9, 17, 39, 45, 69]] = True
+    got = s.warp(l, allowed=pack_allowed(m))
+    assert set(np.flatnonzero(got)) <= {2, 9, 17, 39}
+    np.testing.assert_allclose(got, ref.warp(l, V, 0.8, 5, 1.0, 0.0, allowed=m), atol=1e-7)
+    only_past_the_prefix = np.zeros(V, bool)
+    only_past_the_prefix[[45, 69]] = True
+    with pytest.raises(EmptyMaskError):
+        s.warp(l, allowed=pack_allowed(only_past_the_prefix))
+
+
+MASK_ACCEPTANCE = [AcceptanceParams("sps"), AcceptanceParams("cactus", 0.5, "taylor"),
+                   AcceptanceParams("cactus", 2.0, "exact"), AcceptanceParams("typical"),
+                   AcceptanceParams("topk", accept_top_k=3), AcceptanceParams("greedy")]
+
+
+@pytest.mark.parametrize("acc", MASK_ACCEPTANCE, ids=lambda a: f"{a.method}-{a.solver}-{a.delta}")
+def test_masked_verify_matches_the_reference_token_for_token(acc):
+    """Draft and verifier rows masked alike: the C and the reference (same uniforms) make the same
+    decisions, and the result is bit for bit that of the -inf-substituted logits without a mask."""
+    rng = np.random.default_rng(zlib.crc32(repr(acc).encode()) + 1)
+    outcomes = set()
+    for case in range(80):
+        V = int(rng.choice([2, 5, 17, 33, 64]))
+        sp = SamplingParams(float(rng.choice([0.0, 0.6, 1.0, 1.5])), int(rng.choice([0, 3, 10])),
+                            float(rng.choice([1.0, 0.9])), float(rng.choice([0.0, 0.05])))
+        seed = int(rng.integers(0, 2**63))
+        k = int(rng.integers(0, 6))
+        masks = random_masks(rng, k + 1, V)
+        bits = pack_allowed(masks)
+        vl = (rng.standard_normal((k + 1, V)) * 2).astype(np.float32)
+        dl = (vl[:k] * rng.uniform(0, 1.5) + rng.standard_normal((k, V))).astype(np.float32)
+        drafter = NativeSampler(V, sp, acc, seed ^ 1)
+        probs = np.zeros((k, V), np.float32)
+        toks = np.array([drafter.draft(dl[i], probs[i], allowed=bits[i]) for i in range(k)], np.int32)
+        if rng.random() < 0.3:  # a deterministic drafter, proposing disallowed ids too
+            probs, toks = None, rng.integers(0, V, k).astype(np.int32)
+        s = NativeSampler(V, sp, acc, seed)
+        stream = s.peek_uniforms(2 * k + 2)
+        got = s.verify(probs, toks, vl, allowed=bits)
+        want = ref.verify(probs, toks, vl, sp_dict(sp), acc.method, acc.delta, acc.solver,
+                          acc.typical_epsilon, acc.typical_alpha, acc.accept_top_k,
+                          uniforms=iter(stream), allowed=masks if case % 2 else bits)
+        assert outcome(got) == outcome(want)
+        assert got.kl_sum == pytest.approx(want.kl_sum, rel=1e-5, abs=1e-6)
+        assert s.peek_uniforms(1)[0] == stream[want.n_uniforms]
+        substituted = np.where(masks, vl, -np.inf).astype(np.float32)
+        assert NativeSampler(V, sp, acc, seed).verify(probs, toks, substituted) == got
+        outcomes.add(got.n_accepted == k)
+    assert outcomes == {True, False}
+
+
+def test_a_row_the_mask_empties_raises_empty_mask_error():
+    V = 40
+    s = sampler(V, method="sps")
+    l = np.random.default_rng(0).standard_normal(V).astype(np.float32)
+    none = pack_allowed(np.zeros(V, bool))
+    for call in (lambda a: s.warp(l, allowed=a), lambda a: s.sample(l, allowed=a),
+                 lambda a: s.draft(l, np.empty(V, np.float32), allowed=a)):
+        before = s.peek_uniforms(1)
+        with pytest.raises(EmptyMaskError, match="empty mask"):
+            call(none)
+        assert s.peek_uniforms(1) == before  # no uniform is drawn when the warp fails
+    # allowed tokens whose logits are all -inf: empty as well
+    m = np.zeros(V, bool)
+    m[[3, 4]] = True
+    l2 = l.copy()
+    l2[[3, 4]] = -np.inf
+    with pytest.raises(EmptyMaskError):
+        s.warp(l2, allowed=pack_allowed(m))
+    # the mask hides no fault: a NaN at a disallowed token, or an all -inf row, is non-finite
+    l3 = l.copy()
+    l3[10] = np.nan
+    with pytest.raises(NonFiniteLogitsError):
+        s.warp(l3, allowed=pack_allowed(~np.eye(V, dtype=bool)[10]))
+    with pytest.raises(NonFiniteLogitsError):
+        s.warp(np.full(V, -np.inf, np.float32), allowed=pack_allowed(m))
+    assert issubclass(EmptyMaskError, native.NativeError)
+    # cg_verify: an empty row fails when reached, and only then
+    vl = np.zeros((3, V), np.float32)
+    vl[:, 7] = 5.0
+    masks = np.ones((3, V), bool)
+    masks[1] = False
+    bits = pack_allowed(masks)
+    g = sampler(V, temperature=0.0, method="sps")
+    with pytest.raises(EmptyMaskError):
+        g.verify(None, np.array([7, 7], np.int32), vl, allowed=bits)  # position 0 accepted: row 1 reached
+    r = g.verify(None, np.array([8, 7], np.int32), vl, allowed=bits)  # rejected at 0: row 1 unread
+    assert (r.n_accepted, r.next_token) == (0, 7)
+    masks[1] = True
+    masks[0] = False
+    with pytest.raises(EmptyMaskError):
+        g.verify(None, np.zeros(0, np.int32), vl[:1], allowed=pack_allowed(masks[:1]))  # k = 0: the bonus row
+
+
+@pytest.mark.parametrize("T,top_k", [(0.0, 0), (0.7, 0), (1.0, 3), (2.0, 0)])
+def test_masked_tokens_are_never_sampled(T, top_k):
+    V = 100
+    rng = np.random.default_rng(int(T * 10) + top_k)
+    s = sampler(V, temperature=T, top_k=top_k, seed=4)
+    probs = np.empty(V, np.float32)
+    for _ in range(300):
+        l = (rng.standard_normal(V) * 3).astype(np.float32)
+        m = random_masks(rng, 1, V, density=0.1)[0]
+        m[int(np.argmax(l))] = False  # the unmasked argmax is never available
+        bits = pack_allowed(m)
+        t1, t2 = s.sample(l, allowed=bits), s.draft(l, probs, allowed=bits)
+        assert m[t1] and m[t2] and not probs[~m].any()
+        if T == 0.0:  # greedy: the lowest-id argmax among the allowed tokens
+            assert t1 == t2 == int(np.flatnonzero(m)[np.argmax(l[m])])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_verify_never_emits_a_disallowed_token_whatever_the_draft(method):
+    V, k = 50, 4
+    rng = np.random.default_rng(zlib.crc32(method.encode()))
+    s = sampler(V, temperature=1.0, seed=9, method=method, delta=3.0, accept_top_k=6)
+    for _ in range(300):
+        masks = random_masks(rng, k + 1, V, density=0.2)
+        vl = (rng.standard_normal((k + 1, V)) * 2).astype(np.float32)
+        toks = rng.integers(0, V, k).astype(np.int32)  # unmasked proposals, often disallowed
+        dp = None if rng.random() < 0.5 else rng.dirichlet(np.ones(V), k).astype(np.float32)
+        r = s.verify(dp, toks, vl, allowed=pack_allowed(masks))
+        assert all(masks[i, toks[i]] for i in range(r.n_accepted))
+        assert masks[r.n_accepted, r.next_token]
+        assert r.kl_max < math.inf
+
+
+def test_no_mask_changes_nothing():
+    """allowed=None and an all-allowed mask (padding bits clear or set) give the unmasked results
+    bit for bit, and draw the same uniforms."""
+    V, k = 45, 3
+    rng = np.random.default_rng(21)
+    mk = lambda: sampler(V, temperature=0.8, top_k=10, seed=77, method="cactus", delta=1.0)
+    plain, none, ones, padded = mk(), mk(), mk(), mk()
+    all_ones = pack_allowed(np.ones((k + 1, V), bool))
+    pad = with_padding_bits_set(all_ones, V)
+    for _ in range(40):
+        vl = (rng.standard_normal((k + 1, V)) * 2).astype(np.float32)
+        dp = np.zeros((k, V), np.float32)
+        toks = np.array([plain.draft(vl[i], dp[i]) for i in range(k)], np.int32)
+        for other, a in ((none, None), (ones, all_ones), (padded, pad)):
+            dq = np.zeros((k, V), np.float32)
+            t = np.array([other.draft(vl[i], dq[i], allowed=None if a is None else a[i])
+                          for i in range(k)], np.int32)
+            np.testing.assert_array_equal(t, toks)
+            np.testing.assert_array_equal(dq, dp)
+        want = plain.verify(dp, toks, vl)
+        assert none.verify(dp, toks, vl, allowed=None) == want
+        assert ones.verify(dp, toks, vl, allowed=all_ones) == want
+        assert padded.verify(dp, toks, vl, allowed=pad.ravel()) == want  # flat [(k+1) W] too
+        np.testing.assert_array_equal(plain.warp(vl[0]), ones.warp(vl[0], allowed=all_ones[0]))
+    assert plain.peek_uniforms(3).tolist() == ones.peek_uniforms(3).tolist() == padded.peek_uniforms(3).tolist()
+
+
+def test_mask_argument_validation():
+    V, k = 40, 2  # ceil(40 / 32) = 2 words per row
+    s = sampler(V)
+    l = np.zeros(V, np.float32)
+    good = pack_allowed(np.ones(V, bool))
+    bad = [good.astype(np.int32), good.astype(np.uint64), np.ones(V, bool), good[:1],
+           np.zeros(3, np.uint32), np.zeros((2, 2), np.uint32)[:, 0], good.tolist(), good.reshape(1, 2)]
+    for b in bad:
+        for call in (lambda: s.warp(l, allowed=b), lambda: s.sample(l, allowed=b),
+                     lambda: s.draft(l, np.empty(V, np.float32), allowed=b),
+                     lambda: s.warp_into(l, np.empty(V, np.float32), allowed=b)):
+            with pytest.raises(ValueError, match="allowed"):
+                call()
+    with pytest.raises(TypeError):
+        s.warp(l, good)  # keyword only
+    vl = np.zeros((k + 1, V), np.float32)
+    toks = np.zeros(k, np.int32)
+    rows = pack_allowed(np.ones((k + 1, V), bool))
+    assert 0 <= s.verify(None, toks, vl, allowed=rows).n_accepted <= k
+    assert 0 <= s.verify(None, toks, vl, allowed=rows.ravel()).n_accepted <= k
+    for b in [rows[:k], pack_allowed(np.ones((k + 1, V + 32), bool)), rows.astype(np.int64),
+              np.asfortranarray(pack_allowed(np.ones((k + 1, 64), bool))), good]:
+        with pytest.raises(ValueError, match=r"allowed.*k\+1=3"):
+            s.verify(None, toks, vl, allowed=b)
+
+
+def test_monte_carlo_sps_under_a_mask_emits_the_masked_verifier_law():
+    """With draft and verifier masked alike, SpS emits norm(q * mask) (chi-square at ALPHA = 0.001,
+    k = 1, T = 1 without truncation, so the masked warp is exactly norm(q * mask))."""
+    V = P_DRAFT.size
+    mask = np.array([1, 0, 1, 1, 1, 0, 1, 1], bool)  # drops q's largest token (5) and token 1
+    bits = pack_allowed(np.vstack([mask, mask]))
+    s = NativeSampler(V, SamplingParams(1.0, 0, 1.0, 0.0), AcceptanceParams("sps"), 12)
+    vl = np.log(np.vstack([Q_VERIFIER, Q_VERIFIER])).astype(np.float32)
+    dl = np.log(P_DRAFT).astype(np.float32)
+    probs = np.zeros((1, V), np.float32)
+    tok = np.zeros(1, np.int32)
+    counts = np.zeros(V, np.int64)
+    n_rejected = 0
+    for _ in range(100_000):
+        tok[0] = s.draft(dl, probs[0], allowed=bits[0])
+        r = s.verify(probs, tok, vl, allowed=bits)
+        n_rejected += r.n_accepted == 0
+        counts[tok[0] if r.n_accepted == 1 else r.next_token] += 1
+    law = Q_VERIFIER * mask / (Q_VERIFIER * mask).sum()
+    assert chi_square_pvalue(counts, law) > ALPHA  # also asserts no disallowed token was emitted
+    assert n_rejected > 10_000  # the residual draw mattered
+    assert chi_square_pvalue(counts, Q_VERIFIER) < 1e-12  # sensitive: the unmasked q is rejected

@@ -7,7 +7,8 @@ Properties: warped rows are probability distributions (finite, >= 0, sum 1) on t
 match the NumPy reference; sampled tokens are in range with positive probability; a verification
 step returns AL in [0, k], a token in range that the verifier's warped distribution allows, and no
 NaN; q > 0 = p and p > 0 = q, p = q, one-hot q and all-zero residuals are handled; NaN / +inf logits
-are an error, never a token; the same seed gives the same trace and samplers never share state.
+are an error, never a token; the same seed gives the same trace and samplers never share state; an
+allowed-token mask is exactly a -inf logit, and no step emits a disallowed token.
 Example counts are modest so the file runs in well under a minute.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from cactus_gguf.sampling import reference as ref
 from cactus_gguf.sampling import (AcceptanceParams, BadDistributionError, NativeSampler,
-                                NonFiniteLogitsError, SamplingParams)
+                                NonFiniteLogitsError, SamplingParams, pack_allowed)
 
 METHODS = ["sps", "cactus", "typical", "topk", "greedy"]
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True,
@@ -237,6 +238,44 @@ def test_non_finite_logits_are_an_error_never_a_token(data, V, k, sp, ap, bad):
         p[k - 1, j] = np.nan if bad == "all-neg-inf" else bad
         with pytest.raises(BadDistributionError):
             s.verify(p, tokens, np.zeros((k + 1, V), np.float32))
+
+
+def allowed_rows(rng, vl: np.ndarray, density: float) -> np.ndarray:
+    """bool [rows, V]: random masks, each row keeping at least one finite logit allowed."""
+    m = rng.random(vl.shape) < density
+    for i in range(vl.shape[0]):
+        m[i, rng.choice(np.flatnonzero(np.isfinite(vl[i])))] = True
+    return m
+
+
+@FUZZ
+@given(data=st.data(), V=st.integers(1, 48), sp=sampling_params, density=st.sampled_from([0.1, 0.5, 1.0]))
+def test_masked_warp_is_the_warp_of_the_minus_inf_row(data, V, sp, density):
+    n = data.draw(st.integers(1, V), label="n_logits")
+    row = data.draw(logits_rows(1, n))[0]
+    m = allowed_rows(np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))), row[None], density)[0]
+    mask = np.zeros(V, bool)
+    mask[:n] = m
+    s = NativeSampler(V, sp, AcceptanceParams(), 0)
+    p = s.warp(row, allowed=pack_allowed(mask))
+    substituted = np.where(m, row, -np.inf).astype(np.float32)
+    np.testing.assert_array_equal(p, s.warp(substituted))
+    assert_distribution(p, substituted, sp)
+    assert not p[~mask].any()
+
+
+@FUZZ
+@given(case=steps(), data=st.data())
+def test_masked_steps_are_the_minus_inf_steps_and_emit_only_allowed_tokens(case, data):
+    V, k, sp, ap, vl, probs, tokens, seed, _ = case
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    masks = allowed_rows(rng, vl, data.draw(st.sampled_from([0.1, 0.5, 0.9])))
+    r = NativeSampler(V, sp, ap, seed).verify(probs, tokens, vl, allowed=pack_allowed(masks))
+    substituted = np.where(masks, vl, -np.inf).astype(np.float32)
+    assert NativeSampler(V, sp, ap, seed).verify(probs, tokens, substituted) == r
+    # whatever the draft proposed (p is not masked here), only allowed tokens come out
+    assert all(masks[i, tokens[i]] for i in range(r.n_accepted))
+    assert masks[r.n_accepted, r.next_token]
 
 
 # ---- randomness ------------------------------------------------------------------------------------

@@ -5,11 +5,13 @@
 - ``reference``: the same math in plain NumPy, which the tests and the kernel benchmark compare
   the C against decision for decision.
 """
-from .native import (BadDistributionError, NativeArgumentError, NativeError, NativeSampler,
-                     NonFiniteLogitsError, Rng, StepResult, binary_kl, cactus_gamma)
+from .native import (BadDistributionError, EmptyMaskError, NativeArgumentError, NativeError,
+                     NativeSampler, NonFiniteLogitsError, Rng, StepResult, binary_kl, cactus_gamma,
+                     pack_allowed)
 from .params import (METHODS, SOLVERS, AcceptanceParams, SamplingParams, acceptance_params,
                      sampling_params)
 
 __all__ = ["AcceptanceParams", "SamplingParams", "NativeSampler", "StepResult", "Rng",
            "NativeError", "NativeArgumentError", "NonFiniteLogitsError", "BadDistributionError",
-           "binary_kl", "cactus_gamma", "acceptance_params", "sampling_params", "METHODS", "SOLVERS"]
+           "EmptyMaskError", "binary_kl", "cactus_gamma", "pack_allowed", "acceptance_params",
+           "sampling_params", "METHODS", "SOLVERS"]

@@ -16,6 +16,11 @@ Speculative Sampling", ICLR 2026, arXiv:2604.04987; SpS: Leviathan et al. 2023, 
 
 Everything per token (warp, sample, verify) runs in C on caller-visible buffers; this module checks
 dtypes and shapes, passes pointers, and maps each C status code to its own exception.
+
+Allowed-token masks (optional, for grammar-constrained decoding): ``allowed`` is a uint32 bitmask of
+``W = ceil(V / 32)`` words per row, bit ``i % 32`` of word ``i // 32`` set = token ``i`` allowed
+(``pack_allowed`` builds it from a boolean array). A disallowed token is treated exactly like a
+``-inf`` logit, so every warped row is a distribution over the allowed tokens only.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ from .params import METHODS, SOLVERS, AcceptanceParams, SamplingParams  # METHOD
 __all__ = [
     "AcceptanceParams",
     "BadDistributionError",
+    "EmptyMaskError",
     "NativeArgumentError",
     "NativeError",
     "NativeSampler",
@@ -42,6 +48,7 @@ __all__ = [
     "StepResult",
     "binary_kl",
     "cactus_gamma",
+    "pack_allowed",
 ]
 
 
@@ -66,11 +73,16 @@ class BadDistributionError(NativeError):
     """CG_ERR_BAD_DISTRIBUTION: a probability row holds a negative, NaN or inf entry, or sums to 0."""
 
 
+class EmptyMaskError(NativeError):
+    """CG_ERR_EMPTY_MASK: an allowed-token mask leaves no token with a finite logit in a row."""
+
+
 _CG_OK = 0
 _ERRORS = {
     1: (NativeArgumentError, "invalid argument (a token id outside [0, V) or a parameter out of range)"),
     2: (NonFiniteLogitsError, "non-finite logits (NaN or +inf, or every logit -inf)"),
     3: (BadDistributionError, "bad probability row (negative, NaN or inf entry, or zero sum)"),
+    4: (EmptyMaskError, "empty mask (no allowed token has a finite logit)"),
 }
 
 
@@ -144,14 +156,15 @@ def _bind(name: str, restype, argtypes):
 _rng_seed = _bind("cg_rng_seed", None, [_P, ctypes.c_uint64])
 _rng_uniform = _bind("cg_rng_uniform", ctypes.c_double, [_P])
 _workspace_size = _bind("cg_workspace_size", ctypes.c_int64, [_i32])
-_warp = _bind("cg_warp", ctypes.c_int, [_P, _i32, _i32, _P, _P, _P])
+_warp = _bind("cg_warp", ctypes.c_int, [_P, _i32, _i32, _P, _P, _P, _P])
 _sample_probs = _bind("cg_sample_probs", ctypes.c_int, [_P, _i32, _P, _P, _P])
-_warp_sample = _bind("cg_warp_sample", ctypes.c_int, [_P, _i32, _i32, _P, _P, _P, _P, _P])
+_warp_sample = _bind("cg_warp_sample", ctypes.c_int, [_P, _i32, _i32, _P, _P, _P, _P, _P, _P])
 _cactus_gamma = _bind("cg_cactus_gamma", ctypes.c_double, [ctypes.c_double, ctypes.c_double, _i32])
-_verify = _bind("cg_verify", ctypes.c_int, [_P, _P, _P, _i32, _i32, _P, _P, _P, _P, _P])
+_verify = _bind("cg_verify", ctypes.c_int, [_P, _P, _P, _P, _i32, _i32, _P, _P, _P, _P, _P])
 
 _F32 = np.dtype(np.float32)
 _I32 = np.dtype(np.int32)
+_U32 = np.dtype(np.uint32)
 
 
 def _addr(a: np.ndarray) -> int:
@@ -262,6 +275,54 @@ def _check_probs_out(out, logits: np.ndarray, n_vocab: int, name: str) -> None:
         raise ValueError(f"{name} must not overlap logits (the warp uses it as scratch)")
 
 
+def mask_words(n_vocab: int) -> int:
+    """Words per row of an allowed-token mask over ``n_vocab`` tokens: ``ceil(n_vocab / 32)``."""
+    return (n_vocab + 31) // 32
+
+
+def pack_allowed(allowed) -> np.ndarray:
+    """Pack a boolean array ``[..., V]`` (True = allowed) into the C bitmask ``uint32 [..., ceil(V/32)]``.
+
+    Bit ``i % 32`` of word ``i // 32`` is token ``i``; the padding bits past V are 0. The result is
+    C-contiguous, ready for the ``allowed=`` argument of ``NativeSampler`` (one row, or ``k + 1``
+    rows for ``verify``).
+    """
+    a = np.asarray(allowed)
+    if a.dtype != np.bool_ or a.ndim < 1:
+        raise ValueError("allowed must be a boolean array [..., V]")
+    n_vocab = a.shape[-1]
+    padded = np.zeros(a.shape[:-1] + (32 * mask_words(n_vocab),), dtype=np.uint8)
+    padded[..., :n_vocab] = a
+    packed = np.packbits(padded, axis=-1, bitorder="little")  # byte j: tokens 8j .. 8j + 7
+    return np.ascontiguousarray(packed).view("<u4").astype(_U32)
+
+
+def _allowed_addr(allowed: np.ndarray, shapes: tuple, what: str) -> int:
+    """The address of a checked (not None) mask."""
+    if (
+        type(allowed) is not np.ndarray
+        or allowed.dtype != _U32
+        or allowed.shape not in shapes
+        or not allowed.flags.c_contiguous
+        or not allowed.flags.aligned
+    ):
+        got = (f"{allowed.dtype} {allowed.shape}" if type(allowed) is np.ndarray
+               else type(allowed).__name__)
+        raise ValueError(
+            f"allowed must be None or a C-contiguous uint32 bitmask {what} (see pack_allowed); "
+            f"got {got}"
+        )
+    return _addr(allowed)
+
+
+def _row_mask_addr(allowed, n_vocab: int) -> int:
+    """The address of a checked one-row mask, or 0 (NULL) for None."""
+    if allowed is None:
+        return 0
+    w = mask_words(n_vocab)
+    return _allowed_addr(allowed, ((w,),), f"[ceil(V/32)={w}]")
+
+
 class NativeSampler:
     """Warping, sampling and draft verification for one decoding stream.
 
@@ -336,63 +397,77 @@ class NativeSampler:
 
     # -- warping and sampling ---------------------------------------------------------------
 
-    def warp(self, logits: np.ndarray) -> np.ndarray:
+    def warp(self, logits: np.ndarray, *, allowed: np.ndarray | None = None) -> np.ndarray:
         """Warped distribution of one logits row.
 
         Args:
             logits: float32 [n], 1 <= n <= V, C-contiguous; entries [n, V) get probability 0.
+            allowed: None (every token allowed) or a uint32 bitmask [ceil(V/32)], C-contiguous
+                (``pack_allowed``); a disallowed token is treated exactly like a -inf logit.
         Returns:
             float32 [V], sums to 1, zeros outside the kept set (a new array).
         Raises:
-            ValueError: bad dtype/shape. NonFiniteLogitsError: NaN/+inf, or all -inf.
+            ValueError: bad dtype/shape. NonFiniteLogitsError: NaN/+inf anywhere, or all -inf.
+            EmptyMaskError: no allowed token has a finite logit.
         """
         out = np.empty(self._n_vocab, dtype=np.float32)
-        self.warp_into(logits, out)
+        self.warp_into(logits, out, allowed=allowed)
         return out
 
-    def warp_into(self, logits: np.ndarray, out: np.ndarray) -> None:
+    def warp_into(self, logits: np.ndarray, out: np.ndarray, *,
+                  allowed: np.ndarray | None = None) -> None:
         """Like ``warp``, writing into ``out``: float32 [V], writable, C-contiguous."""
         _check_logits_row(logits, self._n_vocab)
         _check_probs_out(out, logits, self._n_vocab, "out")
-        st = _warp(_addr(logits), logits.shape[0], self._n_vocab, self._sp_p, _addr(out), self._work_p)
+        mask = _row_mask_addr(allowed, self._n_vocab)
+        st = _warp(_addr(logits), logits.shape[0], self._n_vocab, mask, self._sp_p, _addr(out),
+                   self._work_p)
         if st != _CG_OK:
             _raise(st, "cg_warp")
 
-    def sample(self, logits: np.ndarray) -> int:
+    def sample(self, logits: np.ndarray, *, allowed: np.ndarray | None = None) -> int:
         """Warp then draw one token (the verifier-alone baseline). One uniform per call.
 
         Args:
             logits: float32 [n], 1 <= n <= V, C-contiguous.
+            allowed: None or a uint32 bitmask [ceil(V/32)] (see ``warp``); the token is then allowed.
         Returns:
             token id in [0, n).
         Raises:
-            ValueError: bad dtype/shape. NonFiniteLogitsError: NaN/+inf, or all -inf.
+            ValueError: bad dtype/shape. NonFiniteLogitsError: NaN/+inf anywhere, or all -inf.
+            EmptyMaskError: no allowed token has a finite logit.
         """
         _check_logits_row(logits, self._n_vocab)
+        mask = _row_mask_addr(allowed, self._n_vocab)
         st = _warp_sample(
-            _addr(logits), logits.shape[0], self._n_vocab, self._sp_p, self._rng_p,
+            _addr(logits), logits.shape[0], self._n_vocab, mask, self._sp_p, self._rng_p,
             self._probs_p, self._work_p, self._tok_p,
         )
         if st != _CG_OK:
             _raise(st, "cg_warp_sample")
         return self._tok.value
 
-    def draft(self, logits: np.ndarray, probs_out: np.ndarray) -> int:
+    def draft(self, logits: np.ndarray, probs_out: np.ndarray, *,
+              allowed: np.ndarray | None = None) -> int:
         """The draft's per-token call: warp into ``probs_out`` and draw from it. One uniform per call.
 
         Args:
             logits: float32 [n], 1 <= n <= V, C-contiguous (the draft's vocabulary may be a prefix).
             probs_out: float32 [V], writable, C-contiguous, e.g. row i of the draft_probs [k, V] buffer
                 later passed to ``verify``.
+            allowed: None or a uint32 bitmask [ceil(V/32)] (see ``warp``). Under a grammar, pass the
+                mask of this position, and the same masks to ``verify``, so p and q share the legal set.
         Returns:
             the drafted token id.
         Raises:
-            ValueError: bad dtype/shape. NonFiniteLogitsError: NaN/+inf, or all -inf.
+            ValueError: bad dtype/shape. NonFiniteLogitsError: NaN/+inf anywhere, or all -inf.
+            EmptyMaskError: no allowed token has a finite logit.
         """
         _check_logits_row(logits, self._n_vocab)
         _check_probs_out(probs_out, logits, self._n_vocab, "probs_out")
+        mask = _row_mask_addr(allowed, self._n_vocab)
         st = _warp_sample(
-            _addr(logits), logits.shape[0], self._n_vocab, self._sp_p, self._rng_p,
+            _addr(logits), logits.shape[0], self._n_vocab, mask, self._sp_p, self._rng_p,
             _addr(probs_out), self._work_p, self._tok_p,
         )
         if st != _CG_OK:
@@ -406,6 +481,8 @@ class NativeSampler:
         draft_probs: np.ndarray | None,
         draft_tokens: np.ndarray,
         verifier_logits: np.ndarray,
+        *,
+        allowed: np.ndarray | None = None,
     ) -> StepResult:
         """One draft-verify step with the configured acceptance rule.
 
@@ -416,12 +493,16 @@ class NativeSampler:
             verifier_logits: float32 [k+1, V] raw verifier logits, C-contiguous (read in place, e.g.
                 a zero-copy view on llama.cpp's logits; a flat [(k+1)*V] array is accepted too).
                 Row i scores draft position i, row k the bonus position.
+            allowed: None (no mask) or a uint32 bitmask [k+1, ceil(V/32)] (or flat), C-contiguous
+                (``pack_allowed``): row i masks verifier row i. Mask the draft's rows with the same
+                masks (``draft(..., allowed=allowed[i])``) so p and q are over the same legal set.
         Returns:
             StepResult (AL, the residual or bonus token, positions evaluated, KL(h||q) in nats).
         Raises:
             ValueError: bad dtype/shape/contiguity. NativeArgumentError (a ValueError): a token id
             outside [0, V). NonFiniteLogitsError: a NaN/+inf or all -inf verifier row that was
             needed. BadDistributionError: a draft_probs row with a negative/NaN/inf entry or zero sum.
+            EmptyMaskError: a needed verifier row whose mask allows no finite logit.
         """
         n_vocab = self._n_vocab
         if (
@@ -454,8 +535,14 @@ class NativeSampler:
                     f"draft_probs must be None or a C-contiguous float32 array [k={k}, V={n_vocab}]"
                 )
             dp = _addr(draft_probs)
+        if allowed is None:
+            mask = 0
+        else:
+            w = mask_words(n_vocab)
+            mask = _allowed_addr(allowed, ((k + 1, w), ((k + 1) * w,)),
+                                 f"[k+1={k + 1}, ceil(V/32)={w}]")
         st = _verify(
-            dp, _addr(draft_tokens), _addr(verifier_logits), k, n_vocab,
+            dp, _addr(draft_tokens), _addr(verifier_logits), mask, k, n_vocab,
             self._sp_p, self._ap_p, self._rng_p, self._work_p, self._res_p,
         )
         if st != _CG_OK:

@@ -9,7 +9,9 @@ the same decisions:
 - sums are sequential in token-id order (np.cumsum, not the pairwise np.sum);
 - inverse-CDF draw: the first i whose running sum exceeds u * total, else the last positive index;
 - acceptance test u < min(1, h[n] / p[n]) is evaluated as u * p[n] < h[n];
-- uniforms are consumed in the order documented in cactus_native.c section 8.
+- uniforms are consumed in the order documented in cactus_native.c section 8;
+- an allowed-token mask sets the disallowed logits to -inf before any warp (after the NaN / +inf
+  check of the row as given), and a row left with no finite logit is an EmptyMask error.
 
 Independent of the C: the warp sorts (np.lexsort) instead of radix-selecting, and the exact Cactus
 gamma is found by plain bisection instead of safeguarded Newton.
@@ -72,18 +74,40 @@ def f32(x: float) -> float:
     return float(np.float32(x))
 
 
+class EmptyMask(ValueError):
+    """The allowed-token mask leaves no finite logit (the C's CG_ERR_EMPTY_MASK)."""
+
+
+def allowed_bool(allowed: np.ndarray, n: int) -> np.ndarray:
+    """An allowed-token mask as bool [n]: from bool [>= n], or from the C's uint32 bitmask
+    [ceil(V / 32)] (bit i % 32 of word i // 32 is token i, read by that definition)."""
+    a = np.asarray(allowed)
+    if a.dtype == np.bool_:
+        return a[:n].copy()
+    if a.dtype != np.uint32:
+        raise ValueError("allowed must be bool [V] or a uint32 bitmask [ceil(V/32)]")
+    i = np.arange(n)
+    return ((a[i // 32] >> (i % 32).astype(np.uint32)) & np.uint32(1)).astype(bool)
+
+
 def warp(logits: np.ndarray, n_vocab: int, temperature: float, top_k: int, top_p: float,
-         min_p: float) -> np.ndarray:
+         min_p: float, allowed: np.ndarray | None = None) -> np.ndarray:
     """Warped distribution, float32 [V]: top-k -> top-p -> min-p -> temperature (llama.cpp order).
 
     logits: float [n <= V]. Params are taken as the float32 values the C struct holds.
-    Raises ValueError on NaN / +inf, or when every logit is -inf.
+    allowed: None, bool [V] or a uint32 bitmask [ceil(V / 32)]: disallowed tokens get logit -inf.
+    Raises ValueError on NaN / +inf (anywhere, allowed or not), or when every logit is -inf;
+    EmptyMask (a ValueError) when no allowed token has a finite logit.
     """
     temperature, top_p, min_p = f32(temperature), f32(top_p), f32(min_p)
     l = np.asarray(logits, dtype=np.float32).astype(np.float64)
     n = l.shape[0]
     if np.isnan(l).any() or np.isposinf(l).any() or not np.isfinite(l).any():
         raise ValueError("non-finite logits")
+    if allowed is not None:
+        l = np.where(allowed_bool(allowed, n), l, -np.inf)
+        if not np.isfinite(l).any():
+            raise EmptyMask("no allowed token has a finite logit")
     out = np.zeros(n_vocab, dtype=np.float64)
     m = l.max()
     if not temperature > 0:
@@ -187,11 +211,12 @@ class Step:
 def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_logits: np.ndarray,
            sampling: dict, method: str, delta: float = 1.0, solver: str = "taylor",
            typical_epsilon: float = 0.09, typical_alpha: float = 0.3, accept_top_k: int = 5,
-           uniforms: Iterator[float] | None = None) -> Step:
+           uniforms: Iterator[float] | None = None, allowed: np.ndarray | None = None) -> Step:
     """One draft-verify step (see cactus_native.h), consuming `uniforms` in the C's order.
 
     draft_probs: float32 [k, V] or None (one-hot drafter); draft_tokens: int [k];
-    verifier_logits: float32 [k+1, V]; sampling: kwargs of `warp` (without n_vocab).
+    verifier_logits: float32 [k+1, V]; sampling: kwargs of `warp` (without n_vocab);
+    allowed: None, or k+1 masks (bool [k+1, V] or uint32 [k+1, ceil(V / 32)]), row i for row i.
     """
     k = int(draft_tokens.shape[0])
     V = verifier_logits.shape[-1]
@@ -203,8 +228,9 @@ def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_lo
         return next(uniforms)
 
     kl_sum = kl_max = 0.0
+    masks = [None] * (k + 1) if allowed is None else [allowed[i] for i in range(k + 1)]
     for i in range(k):
-        q = warp(verifier_logits[i], V, **sampling).astype(np.float64)
+        q = warp(verifier_logits[i], V, **sampling, allowed=masks[i]).astype(np.float64)
         n = int(draft_tokens[i])
         if draft_probs is None:
             p = np.zeros(V)
@@ -255,7 +281,7 @@ def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_lo
         kl_max = max(kl_max, kl)
         if not accepted:
             return Step(i, token, i + 1, kl_sum, kl_max, used)
-    q = warp(verifier_logits[k], V, **sampling).astype(np.float64)
+    q = warp(verifier_logits[k], V, **sampling, allowed=masks[k]).astype(np.float64)
     return Step(k, pick(q, draw()), k, kl_sum, kl_max, used)
 
 
