@@ -27,8 +27,9 @@ class GenerationStats:
     too, so it is (n_accepted + the residual / bonus tokens used) / n_steps.
     draft_stopped_at: emitted tokens when the draft model stopped drafting for the rest of the
     generation (None: it never did), for ``draft_stop_reason`` ("prompt does not fit the draft's
-    context", "draft context full", "a token the draft's vocabulary lacks"). ``decode_seconds`` excludes prompt processing
-    (``prefill_seconds``: both models' prompt decodes).
+    context", "draft context full", "a token the draft's vocabulary lacks").
+    ``decode_seconds`` excludes prompt processing (``prefill_seconds``: both models' prompt
+    decodes).
     """
 
     n_prompt_tokens: int = 0

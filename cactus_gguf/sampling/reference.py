@@ -24,6 +24,8 @@ from typing import Iterator
 
 import numpy as np
 
+from ..options import default
+
 # ---------------------------------------------------------------------------------------------
 # RNG: xoshiro256** seeded by splitmix64, in Python integers
 # ---------------------------------------------------------------------------------------------
@@ -186,6 +188,18 @@ def gamma(q: float, delta: float, solver: str) -> float:
     return gamma_taylor(q, delta) if solver == "taylor" else gamma_exact(q, delta)
 
 
+def target(q: np.ndarray, n: int, method: str, delta: float, solver: str) -> np.ndarray:
+    """The acceptance target h for drafted token n: q for SpS (and greedy); for Cactus h[n] = gamma,
+    h[i] = q[i] (1 - gamma) / (1 - q[n]) elsewhere (q itself when gamma = q[n])."""
+    h = q.copy()
+    if method == "cactus":
+        g = gamma(q[n], delta, solver)
+        if g != q[n]:
+            h = q * ((1.0 - g) / (1.0 - q[n]))
+            h[n] = g
+    return h
+
+
 def top_set(q: np.ndarray, kk: int) -> np.ndarray:
     """Ids of the top kk entries of q with q > 0, ties -> lower id."""
     kk = min(kk, q.shape[0])
@@ -209,8 +223,10 @@ class Step:
 
 
 def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_logits: np.ndarray,
-           sampling: dict, method: str, delta: float = 1.0, solver: str = "taylor",
-           typical_epsilon: float = 0.09, typical_alpha: float = 0.3, accept_top_k: int = 5,
+           sampling: dict, method: str, delta: float = default("delta"),
+           solver: str = default("solver"),
+           typical_epsilon: float = default("typical_epsilon"),
+           typical_alpha: float = default("typical_alpha"), accept_top_k: int = default("accept_top_k"),
            uniforms: Iterator[float] | None = None, allowed: np.ndarray | None = None) -> Step:
     """One draft-verify step (see cactus_native.h), consuming `uniforms` in the C's order.
 
@@ -240,13 +256,9 @@ def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_lo
         u = draw()
         kl = 0.0
         if method in ("sps", "cactus"):
-            h = q.copy()
+            h = target(q, n, method, delta, solver)
             if method == "cactus":
-                g = gamma(q[n], delta, solver)
-                if g != q[n]:
-                    h = q * ((1.0 - g) / (1.0 - q[n]))
-                    h[n] = g
-                kl = binary_kl(g, q[n])
+                kl = binary_kl(gamma(q[n], delta, solver), q[n])
             accepted = u * p[n] < h[n]
             token = n
             if not accepted:
@@ -287,7 +299,8 @@ def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_lo
 
 def emitted_first_token_distribution(p: np.ndarray | None, q: np.ndarray, method: str,
                                      delta: float = 1.0, solver: str = "taylor",
-                                     typical_epsilon: float = 0.09, typical_alpha: float = 0.3,
+                                     typical_epsilon: float = default("typical_epsilon"),
+                                     typical_alpha: float = default("typical_alpha"),
                                      accept_top_k: int = 5, drafted: int | None = None) -> np.ndarray:
     """Analytic law of the token emitted at a position (Hao & Mou 2026, arXiv:2604.04987; the mixture law of the emitted token):
 
@@ -303,12 +316,7 @@ def emitted_first_token_distribution(p: np.ndarray | None, q: np.ndarray, method
     out = np.zeros(V)
     for n in np.nonzero(p > 0)[0]:
         if method in ("sps", "cactus", "greedy"):
-            h = q.copy()
-            if method == "cactus":
-                g = gamma(q[n], delta, solver)
-                if g != q[n]:
-                    h = q * ((1.0 - g) / (1.0 - q[n]))
-                    h[n] = g
+            h = target(q, n, method, delta, solver)
             a = min(1.0, h[n] / p[n])
             r = np.maximum(h - p, 0.0)
             r = r / r.sum() if r.sum() > 0 else h
