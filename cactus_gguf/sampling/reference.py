@@ -298,7 +298,7 @@ def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_lo
 
 
 def emitted_first_token_distribution(p: np.ndarray | None, q: np.ndarray, method: str,
-                                     delta: float = 1.0, solver: str = "taylor",
+                                     delta: float = default("delta"), solver: str = default("solver"),
                                      typical_epsilon: float = default("typical_epsilon"),
                                      typical_alpha: float = default("typical_alpha"),
                                      accept_top_k: int = 5, drafted: int | None = None) -> np.ndarray:
