@@ -8,7 +8,7 @@ embedders who already have paths use :class:`~cactus_gguf.spec.Engine` directly.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -16,8 +16,8 @@ from .errors import InputError
 from .options import BY_NAME, LoadOptions, Request, options_in, validate_pairing
 from .stats import GenerationResult
 
-__all__ = ["RunPlan", "plan_run", "execute_run", "result_json", "choose_pair", "settle",
-           "Interrupted"]
+__all__ = ["RunPlan", "ServePlan", "plan_run", "plan_serve", "open_engine", "execute_run",
+           "result_json", "choose_pair", "settle", "Interrupted"]
 
 
 class Interrupted(KeyboardInterrupt):
@@ -118,16 +118,12 @@ def read_prompt(prompt: str | None, file: str | None) -> str:
     return text
 
 
-def plan_run(given: Mapping[str, Any]) -> RunPlan:
-    """Validate the options the user set (option name -> value) and settle the rest, without
-    touching a model file (names are resolved, and fetched, by :func:`execute_run`).
-
-    Raises InputError (one line, ``param`` = the option at fault) for any invalid option or
-    unreadable prompt.
-    """
+def _plan(given: Mapping[str, Any], command: str) -> tuple[RunPlan, dict[str, Any]]:
+    """The models, load options and default Request of ``command`` (run or serve), validated;
+    the prompt not read yet. Returns (plan, every option's settled value)."""
     pair, verifier, draft = choose_pair(given.get("pair"), given.get("model"),
                                         given.get("model_draft"))
-    values = settle(given, pair, "run")
+    values = settle(given, pair, command)
     if values["drafter"] == "ngram" and pair is not None:
         draft = None
     if verifier is None:
@@ -146,10 +142,51 @@ def plan_run(given: Mapping[str, Any]) -> RunPlan:
     if request.drafter == "ngram" and draft is not None and pair is None:
         raise InputError("the ngram drafter uses no draft model: drop DRAFT, or use {drafter} "
                          "model", param="drafter")
-    prompt = read_prompt(values["prompt"], values["file"])
-    return RunPlan(verifier_spec=verifier, draft_spec=draft if uses_draft else None,
+    plan = RunPlan(verifier_spec=verifier, draft_spec=draft if uses_draft else None,
                    pair_name=pair.name if pair is not None else None, load=load, request=request,
-                   prompt=prompt, chat=values["chat"])
+                   prompt="", chat=bool(values.get("chat")))
+    return plan, values
+
+
+def plan_run(given: Mapping[str, Any]) -> RunPlan:
+    """Validate the options the user set (option name -> value) and settle the rest, without
+    touching a model file (names are resolved, and fetched, by :func:`execute_run`).
+
+    Raises InputError (one line, ``param`` = the option at fault) for any invalid option or
+    unreadable prompt.
+    """
+    plan, values = _plan(given, "run")
+    return replace(plan, prompt=read_prompt(values["prompt"], values["file"]))
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """A validated ``serve``: the models and default Request (``run``, its prompt unused), the
+    serve options (host, port, api_key, max_queue, request_timeout, cors_origin) and the model
+    id clients name (the pair's name, else the verifier's)."""
+
+    run: RunPlan
+    settings: dict[str, Any]
+    model_id: str
+
+
+def plan_serve(given: Mapping[str, Any]) -> ServePlan:
+    """Like :func:`plan_run` for the server. Raises InputError."""
+    plan, values = _plan(given, "serve")
+    model_id = plan.pair_name or Path(plan.verifier_spec).name.removesuffix(".gguf")
+    return ServePlan(run=plan, settings={o.name: values[o.name] for o in options_in("serve")},
+                     model_id=model_id)
+
+
+def open_engine(plan: RunPlan):
+    """Resolve (fetch if needed) the plan's models and load them: an Engine whose defaults are
+    the plan's Request. Raises ModelLoadError / VocabMismatchError / registry errors."""
+    from .registry import resolve_model
+    from .spec import Engine
+
+    verifier = resolve_model(plan.verifier_spec)
+    draft = resolve_model(plan.draft_spec) if plan.draft_spec is not None else None
+    return Engine(verifier, draft, plan.load, defaults=plan.request)
 
 
 def execute_run(plan: RunPlan, on_text: Callable[[str], None] | None = None) -> GenerationResult:
@@ -159,14 +196,9 @@ def execute_run(plan: RunPlan, on_text: Callable[[str], None] | None = None) -> 
     one-line messages; :class:`Interrupted` (a KeyboardInterrupt) with the partial result on
     Ctrl-C.
     """
-    from .registry import resolve_model
-    from .spec import Engine
-
     stream = None
     try:
-        verifier = resolve_model(plan.verifier_spec)
-        draft = resolve_model(plan.draft_spec) if plan.draft_spec is not None else None
-        with Engine(verifier, draft, plan.load, defaults=plan.request) as engine:
+        with open_engine(plan) as engine:
             prompt = (engine.format_chat([{"role": "user", "content": plan.prompt}])
                       if plan.chat else plan.prompt)
             stream = engine.stream(prompt)

@@ -116,7 +116,7 @@ class Option:
     optional: bool = False
     metavar: str | None = None
     shown_default: str | None = None
-    commands: frozenset[str] = frozenset({"run", "bench"})
+    commands: frozenset[str] = frozenset({"run", "bench", "serve"})
     command_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -174,7 +174,9 @@ _METHOD_HELP = (
 
 _RUN = frozenset({"run"})
 _BENCH = frozenset({"bench"})
-_ALL = frozenset({"run", "bench"})
+_SERVE = frozenset({"serve"})
+_GEN = frozenset({"run", "serve"})  # a generation's own settings (bench sweeps them: --configs)
+_ALL = frozenset({"run", "bench", "serve"})
 
 OPTIONS: tuple[Option, ...] = (
     # -- run: models and prompt ------------------------------------------------------------------
@@ -194,7 +196,7 @@ OPTIONS: tuple[Option, ...] = (
            commands=_RUN),
     Option("chat", bool, False, "wrap the prompt as a user message in the GGUF's chat template "
            "(bench: default on for HumanEval-style problems, `--no-chat` to turn it off)",
-           ("--chat",), scope="run", optional=True, commands=_ALL,
+           ("--chat",), scope="run", optional=True, commands=_RUN | _BENCH,
            command_defaults={"bench": None}),
     # -- request: what one generation does -------------------------------------------------------
     Option("n_predict", int, 128, "tokens to generate", ("-n", "--n-predict"), range=Range(lo=1),
@@ -203,7 +205,7 @@ OPTIONS: tuple[Option, ...] = (
            "speculation (the verifier alone, as llama.cpp's `--draft-max 0`)",
            ("-k", "--draft-max"), range=Range(lo=0), recommend=True, grid=True, metavar="K"),
     Option("method", str, "cactus", _METHOD_HELP, ("--method",), choices=METHODS + ("none",),
-           commands=_RUN),
+           commands=_GEN),
     Option("delta", float, 1.0, "Cactus KL budget δ in nats; 0 = exactly SpS", ("--delta",),
            range=Range(lo=0.0), recommend=True, grid=True, metavar="D",
            command_defaults={"bench": (0.5, 1.0, 2.0)}),
@@ -219,7 +221,7 @@ OPTIONS: tuple[Option, ...] = (
            metavar="N"),
     Option("drafter", str, "model", "`model` (the DRAFT GGUF) or `ngram` (prompt lookup from the "
            "token history: no draft model, `cactus-gguf run VERIFIER --drafter ngram`)",
-           ("--drafter",), choices=DRAFTERS, commands=_RUN),
+           ("--drafter",), choices=DRAFTERS, commands=_GEN),
     Option("ngram_max", int, 3, "`ngram` drafter: longest n-gram looked up", ("--ngram-max",),
            range=Range(lo=1), metavar="N"),
     Option("ngram_min", int, 1, "`ngram` drafter: shortest n-gram looked up", ("--ngram-min",),
@@ -241,7 +243,7 @@ OPTIONS: tuple[Option, ...] = (
            range=Range(hi=2**64, hi_open=True, note="negative = random"), metavar="N",
            command_defaults={"bench": 0}),
     Option("stop", str, (), "stop string (repeatable); never printed", ("--stop",), multiple=True,
-           metavar="TEXT", shown_default="", commands=_RUN),
+           metavar="TEXT", shown_default="", commands=_GEN),
     Option("cache_prompt", bool, True, "reuse the longest common prefix of the KV caches from the "
            "previous request (llama-server's `cache_prompt`)", (), commands=frozenset()),
     # -- load: the engine's models and contexts --------------------------------------------------
@@ -266,7 +268,25 @@ OPTIONS: tuple[Option, ...] = (
     Option("json", bool, False, "print one JSON object (text, settings, all statistics) instead of "
            "streaming", ("--json",), scope="run", commands=frozenset({"run", "models"})),
     Option("verbose", bool, False, "show llama.cpp's log", ("-v", "--verbose"), scope="run",
-           commands=_RUN),
+           commands=_GEN),
+    # -- serve: the OpenAI-compatible server -------------------------------------------------------
+    Option("host", str, "127.0.0.1", "address to listen on (a non-loopback address without "
+           "`--api-key` gets a warning)", ("--host",), scope="serve", metavar="ADDR",
+           commands=_SERVE),
+    Option("port", int, 8080, "port to listen on (0 = any free port)", ("--port",), scope="serve",
+           range=Range(lo=0, hi=65535), metavar="N", commands=_SERVE),
+    Option("api_key", str, None, "require `Authorization: Bearer KEY` (as llama-server's)",
+           ("--api-key",), scope="serve", optional=True, metavar="KEY", shown_default="none",
+           commands=_SERVE),
+    Option("max_queue", int, 16, "most requests waiting for the engine; more get 503 with "
+           "Retry-After", ("--max-queue",), scope="serve", range=Range(lo=0), metavar="N",
+           commands=_SERVE),
+    Option("request_timeout", float, 600.0, "seconds a request may take (waiting included); then it "
+           "ends with what it has (finish_reason length)", ("--timeout",), scope="serve",
+           range=Range(lo=0.0, lo_open=True), metavar="S", commands=_SERVE),
+    Option("cors_origin", str, (), "allow browser pages from this origin (repeatable; `*` = any)",
+           ("--cors-origin",), scope="serve", multiple=True, metavar="ORIGIN", shown_default="off",
+           commands=_SERVE),
     # -- bench: the benchmark's own ----------------------------------------------------------------
     Option("prompts", str, None, 'JSONL prompt file, one {"prompt": ..., "id": ...} per line',
            ("--prompts",), scope="bench", optional=True, metavar="FILE", shown_default="HumanEval",

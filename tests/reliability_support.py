@@ -25,6 +25,9 @@ import gguf
 from tiny_gguf import N_CTX_TRAIN, N_EMBD, N_FF, N_HEAD, N_LAYER, WORDS, vocab
 
 BOS, EOS = 1, 2
+# A minimal chat template for tiny models (tokenizer.chat_template): role-prefixed lines.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
 def byte_token(b: int) -> int:
@@ -40,11 +43,13 @@ def text_tokens(text: str) -> list[int]:
 def write_llama(path: str | Path, *, seed: int = 11, arch: str = "llama", add_bos: bool = True,
                 bos_id: int = BOS, eos_id: int = EOS, eot_id: int | None = None, logit_scale: float = 2.0, n_pad: int = 0, noise: float = 0.0,
                 noise_seed: int = 0, zero_output_rows: Sequence[int] = (),
-                bigram: dict[int, int] | None = None, words: list[str] = WORDS) -> Path:
+                bigram: dict[int, int] | None = None, words: list[str] = WORDS,
+                chat_template: str | None = None) -> Path:
     """Write a 2-layer llama GGUF with float32 weights; return its path.
 
     ``zero_output_rows``: token ids whose output-layer row is 0 (logit exactly 0 while the other
     logits spread over about +-14: such a token is practically never sampled, e.g. EOS for a long run).
+    ``chat_template``: a Jinja chat template (``tokenizer.chat_template``), e.g. CHAT_TEMPLATE.
     ``bigram``: {current token: next token}. The attention and FFN outputs are zeroed, so the final
     hidden state is the normalised embedding of the current token, and the output layer maps it to a
     logit about 32 above every other one for the scripted next token (a deterministic chain at any
@@ -76,6 +81,8 @@ def write_llama(path: str | Path, *, seed: int = 11, arch: str = "llama", add_bo
         w.add_eot_token_id(eot_id)
     w.add_unk_token_id(0)
     w.add_add_bos_token(add_bos)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
     def rand(*shape: int, scale: float = 0.2) -> np.ndarray:
         base = rng.standard_normal(shape)

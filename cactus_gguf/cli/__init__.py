@@ -79,11 +79,24 @@ class _OneLineErrors(click.Group):
             raise SystemExit(130) from None
         except OSError as e:
             if e.errno != errno.EPIPE:
-                raise
+                _internal(e)
             # stdout closed early (`| head`): stop quietly, and keep Python's exit-time flush quiet
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise SystemExit(1) from None
+        except CactusError as e:
+            report_error(e)
+        except Exception as e:  # noqa: BLE001 - a bug: still one line, never a traceback
+            _internal(e)
         raise SystemExit(rv if isinstance(rv, int) else 0)
+
+
+def _internal(e: BaseException) -> None:
+    """An error nobody anticipated (a bug): one line, exit code 3; CACTUS_GGUF_DEBUG=1 shows the
+    traceback instead."""
+    if os.environ.get("CACTUS_GGUF_DEBUG"):
+        raise e
+    fail(f"internal error: {type(e).__name__}: {e} (a bug: please report it; CACTUS_GGUF_DEBUG=1 "
+         "shows the traceback)", 3)
 
 
 @click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -92,4 +105,4 @@ def main() -> None:
     """Cactus constrained-acceptance speculative decoding for GGUF models."""
 
 
-from . import bench, models, run  # noqa: E402,F401  (the subcommands register themselves)
+from . import bench, models, run, serve  # noqa: E402,F401  (the subcommands register themselves)

@@ -122,6 +122,11 @@ class _Output:
             self.stream.write(text)
             self.stream.flush()
         except UnicodeEncodeError as e:
+            try:  # what the encoding can carry still goes out
+                self.stream.write(text[:e.start])
+                self.stream.flush()
+            except (UnicodeEncodeError, OSError):
+                pass
             raise OutputError(
                 f"the output encoding {self.stream.encoding} cannot represent the text "
                 f"({e.object[e.start:e.end]!r}): set PYTHONIOENCODING=utf-8, or use --json "

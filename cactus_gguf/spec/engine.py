@@ -60,12 +60,18 @@ class Stream(Iterator[str]):
         self._session = session
         self.result: GenerationResult | None = None
 
-    def _next_chunk(self) -> Chunk:
+    def _next_step(self) -> Chunk | None:
         try:
             return next(self._chunks)
         except StopIteration as done:
             self.result = done.value
             raise StopIteration from None
+
+    def _next_chunk(self) -> Chunk:
+        while True:
+            chunk = self._next_step()
+            if chunk is not None:
+                return chunk
 
     def __next__(self) -> str:
         return self._next_chunk().text
@@ -75,6 +81,15 @@ class Stream(Iterator[str]):
         while True:
             try:
                 yield self._next_chunk()
+            except StopIteration:
+                return
+
+    def steps(self) -> Iterator[Chunk | None]:
+        """One item per engine call (the prompt, then each step): its Chunk, or None when it
+        released no text. For a caller that must be able to stop between any two steps."""
+        while True:
+            try:
+                yield self._next_step()
             except StopIteration:
                 return
 
@@ -244,8 +259,7 @@ class Engine:
             with self._acquire(wait or not first):
                 chunk = self._advance(session)
             first = False
-            if chunk is not None:
-                yield chunk
+            yield chunk
         return session.result
 
     def _begin(self, prompt, req: Request) -> Session:

@@ -1,0 +1,106 @@
+"""``cactus-gguf serve``: the OpenAI-compatible server over one engine."""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+
+import click
+
+from ..errors import CactusError
+from . import fail, main, report_error
+from .params import given, schema_options
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@main.command(context_settings={"show_default": True})
+@click.argument("verifier", required=False)
+@click.argument("draft", required=False)
+@schema_options("serve")
+@click.pass_context
+def serve(ctx: click.Context, verifier, draft, **_options) -> None:
+    """Serve VERIFIER (checking DRAFT's proposals) over the OpenAI HTTP API.
+
+    The run options are the defaults of every request; a request's own fields (temperature,
+    max_tokens, stop, seed, "speculative": {...}) override them. With neither model, the
+    registry's default pair is served.
+    """
+    try:
+        import uvicorn
+
+        from ..server.app import ServerConfig, create_app
+        from ..server.worker import Worker
+    except ImportError as e:
+        fail(f"the server needs its extra packages ({e.name} is missing): "
+             "pip install 'cactus-gguf[server]'")
+    from .. import api
+    from .run import models_from_arguments
+
+    values = given(ctx)
+    models_from_arguments(values, verifier, draft)
+    if values.get("verbose"):
+        logging.basicConfig(level=logging.DEBUG, format="%(message)s")
+    try:
+        plan = api.plan_serve(values)
+    except (CactusError, OSError) as e:
+        report_error(e)
+    p = plan.settings
+    if not _loopback(p["host"]) and not p["api_key"]:
+        click.echo(f"cactus-gguf: warning: listening on {p['host']} without --api-key: anyone who "
+                   "can reach this address can use the server", err=True)
+    sock = _bind(p["host"], p["port"])
+    worker = Worker(lambda: api.open_engine(plan.run), max_queue=p["max_queue"])
+    config = ServerConfig(defaults=plan.run.request, model_id=plan.model_id,
+                          verifier=plan.run.verifier_spec, draft=plan.run.draft_spec,
+                          api_key=p["api_key"], request_timeout=p["request_timeout"],
+                          cors_origins=tuple(p["cors_origin"]))
+    app = create_app(worker, config)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                           timeout_graceful_shutdown=5))
+    host, port = sock.getsockname()[:2]
+    worker.start()
+
+    def announce() -> None:
+        worker.ready.wait()
+        if worker.state == "ready":
+            shown = f"[{host}]" if ":" in host else host
+            click.echo(f"cactus-gguf: serving {plan.model_id} at http://{shown}:{port} "
+                       "(OpenAI API under /v1, chat page at /)", err=True)
+        else:
+            click.echo(f"cactus-gguf: error: {worker.error}", err=True)
+            server.should_exit = True
+
+    import threading
+
+    threading.Thread(target=announce, daemon=True).start()
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        worker.stop()
+    if worker.state == "failed":
+        raise SystemExit(1)
+    click.echo("cactus-gguf: stopped", err=True)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the models load, so the port is known (``--port 0``)
+    and a taken one is a one-line error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        fail(f"cannot listen on {host}:{port}: {e.strerror or e} (choose another --host/--port)")
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock

@@ -1,0 +1,63 @@
+"""The server's Prometheus metrics (``GET /metrics``), with prometheus-client.
+
+Counters of requests (by endpoint and HTTP status) and tokens; histograms per finished generation
+of time to first token, decode speed, acceptance rate, acceptance length and target KL; the queue
+depth as a gauge. One registry per app, so two servers in one process do not mix.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+__all__ = ["Metrics", "CONTENT_TYPE_LATEST"]
+
+_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_RATE = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("cactus_requests", "HTTP requests by endpoint and status",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("cactus_prompt_tokens", "prompt tokens of finished requests",
+                                     registry=r)
+        self.prompt_tokens_reused = Counter(
+            "cactus_prompt_tokens_reused", "prompt tokens the verifier's KV cache already held",
+            registry=r)
+        self.completion_tokens = Counter("cactus_completion_tokens", "generated tokens",
+                                         registry=r)
+        self.drafted = Counter("cactus_drafted_tokens", "draft tokens proposed", registry=r)
+        self.accepted = Counter("cactus_accepted_tokens", "draft tokens accepted", registry=r)
+        self.queue_depth = Gauge("cactus_queue_depth", "requests waiting for the engine",
+                                 registry=r)
+        self.ttft = Histogram("cactus_time_to_first_token_seconds",
+                              "time to the first token, prompt processing included",
+                              buckets=_SECONDS, registry=r)
+        self.tps = Histogram("cactus_tokens_per_second", "decode speed of a generation",
+                             buckets=(1, 2, 5, 10, 15, 20, 30, 50, 100, 200, 500), registry=r)
+        self.acceptance = Histogram("cactus_acceptance_rate", "accepted / drafted tokens",
+                                    buckets=_RATE, registry=r)
+        self.al = Histogram("cactus_acceptance_length", "accepted drafts per verification step",
+                            buckets=(0.5, 1, 1.5, 2, 3, 4, 6, 8, 12, 16), registry=r)
+        self.kl = Histogram("cactus_kl_mean_nats", "mean KL(h || q) of the acceptance target",
+                            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4), registry=r)
+
+    def finished(self, stats) -> None:
+        """Record one finished generation's statistics (a GenerationStats)."""
+        self.prompt_tokens.inc(stats.n_prompt_tokens)
+        self.prompt_tokens_reused.inc(stats.n_prompt_tokens_reused)
+        self.completion_tokens.inc(stats.n_tokens)
+        self.drafted.inc(stats.n_drafted)
+        self.accepted.inc(stats.n_accepted)
+        if stats.first_token_seconds:
+            self.ttft.observe(stats.first_token_seconds)
+        if stats.tokens_per_second:
+            self.tps.observe(stats.tokens_per_second)
+        if stats.n_drafted:
+            self.acceptance.observe(stats.acceptance_rate)
+            self.al.observe(stats.mean_accepted_length)
+            self.kl.observe(stats.kl_mean)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

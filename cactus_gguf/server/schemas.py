@@ -1,0 +1,201 @@
+"""The OpenAI request bodies the server accepts, and how they become an engine Request.
+
+Field names are OpenAI's (``max_tokens``, ``max_completion_tokens``, ``stop``, ``seed``,
+``stream_options``...) plus llama.cpp's extensions (``top_k``, ``min_p``, ``cache_prompt``) and
+cactus-gguf's ``speculative`` object (``method``, ``delta``, ``solver``, ``k``, ``drafter``; or
+``false``: the verifier alone for this request). Values are validated by the one options schema
+(options.py), so the server accepts exactly what ``cactus-gguf run`` accepts; an error names the
+field as the client wrote it. Fields that would change what a response means and that this server
+does not implement (tools, logprobs, response_format, penalties, several choices) are refused with
+a 400, never silently ignored.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import InputError
+
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "Speculative", "to_request",
+           "openai_param"]
+
+
+class Speculative(BaseModel):
+    """Speculation for one request (any field left out keeps the server's default)."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: str | None = None
+    delta: float | None = None
+    solver: str | None = None
+    k: int | None = None
+    drafter: str | None = None
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown fields: checked in unsupported()
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    stop: Union[str, list[str], None] = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    user: str | None = None
+    cache_prompt: bool | None = None
+    speculative: Union[Speculative, bool, None] = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: Union[bool, int, None] = None
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    top_logprobs: int | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[str], list[int]]
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+# Fields that change a response's meaning and are not implemented: refused, not ignored.
+_REFUSED = {
+    "tools": "tool calls", "tool_choice": "tool calls", "functions": "function calls",
+    "function_call": "function calls", "response_format": "structured output (response_format)",
+    "audio": "audio output", "modalities": "output modalities", "prediction": "predicted outputs",
+}
+
+
+def unsupported(body: _Common) -> tuple[str, str] | None:
+    """(field, why) of the first field this server would have to ignore, or None."""
+    extra = body.model_extra or {}
+    for name, what in _REFUSED.items():
+        value = extra.get(name)
+        if value is not None and value != [] and not (name == "response_format" and isinstance(
+                value, dict) and value.get("type") == "text"):
+            return name, f"{what} are not supported by this server" if what.endswith("s") else \
+                f"{what} is not supported by this server"
+    if body.n != 1:
+        return "n", f"only n=1 is supported (one choice per request), got {body.n}"
+    if body.logprobs or getattr(body, "top_logprobs", None):
+        return "logprobs", "logprobs are not supported by this server"
+    for name in ("frequency_penalty", "presence_penalty"):
+        if getattr(body, name):
+            return name, f"{name} is not supported by this server (only 0)"
+    if body.logit_bias:
+        return "logit_bias", "logit_bias is not supported by this server"
+    if isinstance(body, CompletionRequest):
+        if body.echo:
+            return "echo", "echo is not supported by this server"
+        if body.suffix:
+            return "suffix", "suffix is not supported by this server"
+        if body.best_of not in (None, 1):
+            return "best_of", "only best_of=1 is supported"
+    return None
+
+
+# Request option name -> the OpenAI field a client wrote it as.
+_OPENAI_NAMES = {"n_predict": "max_tokens", "method": "speculative.method",
+                 "delta": "speculative.delta", "solver": "speculative.solver",
+                 "k": "speculative.k", "drafter": "speculative.drafter"}
+
+
+def openai_param(option: str | None, body: _Common | None = None) -> str | None:
+    """How the client named the option at fault (``n_predict`` -> ``max_tokens``...)."""
+    if option == "n_predict" and isinstance(body, ChatCompletionRequest) and \
+            body.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    return _OPENAI_NAMES.get(option, option) if option else None
+
+
+def overrides(body: _Common) -> dict[str, Any]:
+    """The Request fields a body sets (everything else keeps the server's defaults)."""
+    out: dict[str, Any] = {}
+    n = getattr(body, "max_completion_tokens", None)
+    n = n if n is not None else body.max_tokens
+    if n is not None:
+        out["n_predict"] = n
+    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "cache_prompt"):
+        value = getattr(body, name)
+        if value is not None:
+            out[name] = value
+    if body.stop is not None:
+        out["stop"] = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
+    spec = body.speculative
+    if spec is False:
+        out["method"] = "none"
+    elif isinstance(spec, Speculative):
+        out.update({k: v for k, v in spec.model_dump().items() if v is not None})
+    elif spec is True or spec is None:
+        pass
+    return out
+
+
+def to_request(base, body: _Common):
+    """``base`` (the server's default Request) with the body's fields; InputError naming the
+    OpenAI field for a value the options schema refuses."""
+    refused = unsupported(body)
+    if refused:
+        raise InputError(refused[1], param=refused[0])
+    try:
+        return base.replace(**overrides(body))
+    except InputError as e:  # named as the client wrote it: max_tokens, speculative.k ...
+        raise InputError(e.render(lambda n: openai_param(n, body)),
+                         param=openai_param(e.param, body)) from None
+
+
+def chat_messages(body: ChatCompletionRequest) -> list[dict]:
+    """The messages as the chat template takes them: text only ("developer" is OpenAI's newer
+    name of "system")."""
+    out = []
+    for i, m in enumerate(body.messages):
+        content = m.content
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise InputError(f"messages[{i}].content: only text parts are supported, got "
+                                     f"{part.type!r}", param=f"messages[{i}].content")
+                parts.append(part.text)
+            content = "".join(parts)
+        out.append({"role": "system" if m.role == "developer" else m.role,
+                    "content": content or ""})
+    return out
+
+
+def completion_prompt(body: CompletionRequest) -> str | list[int]:
+    """One prompt: a string, a one-string list, or token ids."""
+    p = body.prompt
+    if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
+        if len(p) != 1:
+            raise InputError(f"only one prompt per request is supported, got {len(p)}",
+                             param="prompt")
+        return p[0]
+    if isinstance(p, list) and not p:
+        raise InputError("the prompt is empty", param="prompt")
+    return p
