@@ -90,5 +90,7 @@ def test_messages_name_options_by_api_name_and_by_flag_on_the_command_line():
 def test_each_option_is_declared_once():
     names = [o.name for o in options.OPTIONS]
     assert len(names) == len(set(names))
-    flags = [f for o in options.OPTIONS for f in o.flags if f.startswith("-")]
-    assert len(flags) == len(set(flags))
+    for command in ("run", "bench", "serve"):
+        flags = [f for o in options.options_in(command=command) for f in o.flags
+                 if f.startswith("-")]
+        assert len(flags) == len(set(flags)), command
