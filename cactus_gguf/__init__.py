@@ -13,7 +13,7 @@ import importlib
 
 _EXPORTS = {
     "Engine": "spec", "Stream": "spec", "VocabMismatchError": "spec",
-    "Request": "options", "LoadOptions": "options",
+    "Request": "options", "LoadOptions": "options", "ContextOptions": "llama",
     "GenerationResult": "stats", "GenerationStats": "stats",
     "CactusError": "errors", "InputError": "errors", "CapacityError": "errors",
     "ContextLengthError": "errors", "EngineBusyError": "errors", "EngineError": "errors",

@@ -73,8 +73,9 @@ def settle(given: Mapping[str, Any], pair=None, command: str | None = None) -> d
     if unknown:
         raise InputError(f"unknown option {unknown[0]!r}", param=unknown[0])
     values = {o.name: o.default_for(command) for o in BY_NAME.values()}
-    if pair is not None:
-        values.update({name: v for name, v in pair.settings.items() if BY_NAME[name].recommend})
+    if pair is not None:  # a command's own default (bench's delta grid) stays
+        values.update({name: v for name, v in pair.settings.items() if BY_NAME[name].recommend
+                       and command not in BY_NAME[name].command_defaults})
     values.update(given)
     return values
 
@@ -208,6 +209,14 @@ def execute_run(plan: RunPlan, on_text: Callable[[str], None] | None = None) -> 
             return stream.result
     except KeyboardInterrupt:
         raise Interrupted(stream.partial() if stream is not None else None) from None
+
+
+def nothing_generated(plan: RunPlan) -> GenerationResult:
+    """The result of a run interrupted before generation began (while the models loaded)."""
+    from .stats import GenerationStats
+
+    return GenerationResult(text="", tokens=[], stop_reason="interrupted", stats=GenerationStats(),
+                            seed=plan.request.seed, message="interrupted before generation began")
 
 
 def result_json(result: GenerationResult, plan: RunPlan) -> dict:

@@ -118,6 +118,7 @@ class Option:
     shown_default: str | None = None
     commands: frozenset[str] = frozenset({"run", "bench", "serve"})
     command_defaults: Mapping[str, Any] = field(default_factory=dict)
+    finite: bool = False  # a float option that refuses +-inf
 
     @property
     def flag(self) -> str:
@@ -146,8 +147,12 @@ class Option:
         if isinstance(value, bool) or not _is_number(value, integral=self.type is int):
             kind = "an integer" if self.type is int else "a number"
             return f"must be {kind}, got {value!r}"
-        if self.type is float and math.isnan(value):
-            return f"must be {self.range.describe() if self.range else 'a number'}, got nan"
+        if self.type is float and (math.isnan(value) or (math.isinf(value) and self.finite)):
+            what = self.range.describe() if self.range else "a number"
+            if self.finite:
+                what = (what.replace("a number", "a finite number", 1) if what.startswith("a number")
+                        else f"finite, {what}")
+            return f"must be {what}, got {value}"
         if self.range is not None and not self.range.contains(value):
             return f"must be {self.range.describe()}, got {_num(value)}"
         return None
@@ -203,7 +208,8 @@ OPTIONS: tuple[Option, ...] = (
            metavar="N"),
     Option("k", int, 8, "draft length: tokens proposed per verification step (below `-b`); 0 = no "
            "speculation (the verifier alone, as llama.cpp's `--draft-max 0`)",
-           ("-k", "--draft-max"), range=Range(lo=0), recommend=True, grid=True, metavar="K"),
+           ("-k", "--draft-max"), range=Range(lo=0, note="0 = no speculation"), recommend=True,
+           grid=True, metavar="K"),
     Option("method", str, "cactus", _METHOD_HELP, ("--method",), choices=METHODS + ("none",),
            commands=_GEN),
     Option("delta", float, 1.0, "Cactus KL budget δ in nats; 0 = exactly SpS", ("--delta",),
@@ -232,7 +238,8 @@ OPTIONS: tuple[Option, ...] = (
            "probability below P, as llama.cpp", ("--draft-p-min",), range=Range(lo=0.0, hi=1.0),
            metavar="P"),
     Option("temperature", float, 0.8, "temperature; 0 = greedy (acceptance is then exact match)",
-           ("--temp",), range=Range(note="<= 0 = greedy"), recommend=True, metavar="T"),
+           ("--temp",), range=Range(note="<= 0 = greedy"), recommend=True, metavar="T",
+           finite=True),
     Option("top_k", int, 40, "top-k (0 = off)", ("--top-k",),
            range=Range(lo=0, hi=2**31, hi_open=True, note="0 = off"), recommend=True, metavar="N"),
     Option("top_p", float, 0.95, "top-p (1 = off)", ("--top-p",),
@@ -373,6 +380,15 @@ def _make(cls_name: str, scope: str, doc: str, post_init: Callable[[Any], None])
         cls_name, fields, frozen=True,
         namespace={"__post_init__": __post_init__, "replace": replace, "__doc__": "\n".join(lines),
                    "__module__": __name__})
+    generated_init = cls.__init__
+
+    def __init__(self, **values):
+        unknown = sorted(set(values) - {o.name for o in opts})
+        if unknown:
+            raise InputError(f"unknown {scope} option {unknown[0]!r}", param=unknown[0])
+        generated_init(self, **values)
+
+    cls.__init__ = __init__
     return cls
 
 
@@ -419,6 +435,8 @@ def _shown_default(o: Option, command: str) -> str:
     d = o.default_for(command)
     if o.type is bool:
         return "on" if d else "off"
+    if isinstance(d, tuple):
+        return ",".join(_num(x) for x in d)
     return _num(d)
 
 

@@ -26,6 +26,7 @@ class StopMatcher:
         self.text = ""
         self.released = 0
         self.hit = False
+        self.matched: str | None = None  # the stop string that matched
 
     def feed(self, piece: str) -> str:
         """Add text; return what is now safe to stream (never part of a stop string)."""
@@ -41,6 +42,7 @@ class StopMatcher:
                 cut = j
         if cut is not None:
             self.hit = True
+            self.matched = next(s for s in self.stops if self.text.startswith(s, cut))
             self.text = self.text[:cut]
             return self.finish()
         hold = 0  # longest tail of the text that is a proper prefix of some stop string
@@ -83,6 +85,11 @@ class TextStream:
     def stopped(self) -> bool:
         """A stop string has matched: nothing more is released."""
         return self._stops.hit
+
+    @property
+    def matched_stop(self) -> str | None:
+        """The stop string that matched, if one did."""
+        return self._stops.matched
 
     def feed(self, data: bytes, tag=None) -> str:
         """The bytes of one token; returns the text that became final."""
@@ -130,6 +137,9 @@ def render_chat(template: str | None, messages: Sequence[dict], *, bos: str, eos
 
     from .errors import InputError
 
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise InputError(f"messages must be a list of {{\"role\": ..., \"content\": ...}} dicts, got "
+                         f"{type(messages).__name__}", param="messages")
     if not template:
         raise InputError(f"{model_name} has no chat template (tokenizer.chat_template): use a "
                          "plain prompt instead of chat")

@@ -69,7 +69,10 @@ def test_a_pair_recommendation_applies_to_run_and_bench_alike():
     run, bench = settle({}, pair, "run"), settle({}, pair, "bench")
     for name, value in pair.settings.items():
         assert options.BY_NAME[name].recommend
-        assert run[name] == value and bench[name] == value
+        assert run[name] == value
+        # bench's own grid default (delta 0.5,1,2) is not narrowed to the pair's single value
+        assert bench[name] == options.BY_NAME[name].command_defaults.get("bench", value)
+    assert bench["delta"] == (0.5, 1.0, 2.0) and bench["k"] == pair.settings["k"]
     assert run["min_p"] == bench["min_p"] == 0.0  # the paper's sampling: no min-p
     assert settle({"top_k": 7}, pair, "run")["top_k"] == 7  # what the user sets wins
 

@@ -126,7 +126,7 @@ def test_valid_registry_loads(tmp_path):
         (lambda d: d["models"][0].update(size=-5), r"model 'verifier-m': field 'size'"),
         (lambda d: d["models"][1].update(vocab="y"), r"pair 'v\+d': field 'draft': vocab 'y'"),
         (lambda d: d["pairs"][0].update(top_p=1.5), r"pair 'v\+d': field 'top_p'"),
-        (lambda d: d["pairs"][0].update(k=0), r"pair 'v\+d': field 'k'"),
+        (lambda d: d["pairs"][0].update(k=-1), r"pair 'v\+d': field 'k'"),
         (lambda d: d["pairs"][0].update(min_p=2), r"pair 'v\+d': field 'min_p': .*got 2$"),
         (lambda d: d["pairs"][0].update(top_k="20"), r"pair 'v\+d': field 'top_k': .*integer"),
         (lambda d: d["pairs"][0].update(delta=True), r"pair 'v\+d': field 'delta'"),

@@ -87,11 +87,12 @@ def test_different_vocabularies_are_a_one_line_error(files):
 # ---- bad numbers and flags: rejected before any model is touched ------------------------------------
 
 PARAM_CASES = [  # every message names the flag (options.py says how)
-    (["-k", "0"], "-k/--draft-max must be >= 1, got 0"),
-    (["-k", "-3"], "-k/--draft-max must be >= 1"),
+    (["-k", "-1"], "-k/--draft-max must be >= 0 (0 = no speculation), got -1"),
+    (["-k", "-3"], "-k/--draft-max must be >= 0"),
     (["--delta", "-1"], "--delta must be >= 0, got -1"),
     (["--delta", "nan"], "--delta must be >= 0, got nan"),
-    (["--temp", "nan"], "--temp must be a number (<= 0 = greedy), got nan"),
+    (["--temp", "nan"], "--temp must be a finite number (<= 0 = greedy), got nan"),
+    (["--temp", "inf"], "--temp must be a finite number (<= 0 = greedy), got inf"),
     (["--top-p", "0"], "--top-p must be in (0, 1] (1 = off), got 0"),
     (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
     (["--top-p", "nan"], "--top-p must be in (0, 1]"),

@@ -61,7 +61,8 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
     if not methods:
         raise InputError("no configurations to run")
     if not ks or any(not isinstance(k, int) or k < 1 for k in ks):
-        raise InputError(f"k values must be integers >= 1, got {list(ks)}")
+        raise InputError(f"{{k}} values must be integers >= 1 in the benchmark grid (the verifier "
+                         f"alone is the none configuration), got {list(ks)}", param="k")
     if any(not (isinstance(d, (int, float)) and d >= 0) for d in deltas):
         raise InputError(f"delta values must be >= 0 nats, got {list(deltas)}")
     if any(FAMILIES[m]["per_delta"] for m in methods) and not deltas:

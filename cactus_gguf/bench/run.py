@@ -87,6 +87,8 @@ def plan_bench(given: Mapping[str, Any], *, warmup: bool = True) -> BenchPlan:
                          param="model")
     for name in ("limit", "timeout", "forward_repeats"):
         check_value(name, values[name])
+    if values["configs"] is not None and not values["configs"]:
+        raise InputError("{configs} is empty: name at least one configuration", param="configs")
     methods = tuple(values["configs"]) if values["configs"] else default_methods(draft is not None)
     if draft is None:
         need = [m for m in methods if needs_draft_model(m)]

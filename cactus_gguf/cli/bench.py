@@ -31,6 +31,12 @@ def bench_command(ctx: click.Context, verifier, draft, **_options) -> None:
     output = Path(ctx.params["output"])
     progress = not ctx.params["no_progress"]
     if ctx.params["kernels"]:
+        from ..options import check_value
+
+        try:
+            check_value("repeats", ctx.params["repeats"])
+        except CactusError as e:
+            report_error(e)
         result = bench.kernel_benchmark(repeats=ctx.params["repeats"], progress=progress)
         for line in bench.format_kernel_table(result):
             click.echo(line)

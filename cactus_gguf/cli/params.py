@@ -55,8 +55,8 @@ def _click_option(o: Option, command: str, grid: bool):
         return click.option(*flags, o.name, is_flag=True, default=default, **kw)
     if grid:
         shown = ",".join(str(v) for v in default) if isinstance(default, tuple) else default
-        return click.option(*flags, o.name, default=shown, callback=_list_of(o), metavar="LIST",
-                            **kw)
+        return click.option(*flags, o.name, type=str, default=shown, callback=_list_of(o),
+                            metavar="LIST", **kw)
     ctype: Any = click.Choice(list(o.choices)) if o.choices else o.type
     return click.option(*flags, o.name, type=ctype, default=default, multiple=o.multiple,
                         metavar=o.metavar, **kw)

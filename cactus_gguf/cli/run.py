@@ -73,8 +73,8 @@ def run(ctx: click.Context, verifier, draft, **_options) -> None:
         result = api.execute_run(plan, on_text=None if as_json else out.write)
     except KeyboardInterrupt as e:
         partial = getattr(e, "result", None)
-        if as_json and partial is not None:  # what was generated is not lost
-            out.json(api.result_json(partial, plan))
+        if as_json:  # what was generated is not lost (nothing, if the models were still loading)
+            out.json(api.result_json(partial or api.nothing_generated(plan), plan))
         elif out.printed:
             out.write("\n")
         click.echo("cactus-gguf: interrupted", err=True)
@@ -109,13 +109,26 @@ class _Output:
         import os
         import sys
 
+        import io
+
         self.printed = False
         self.stream = sys.stdout
-        try:  # `run ... >&-`: nothing could be written, so fail now (as cat does), not exit 0
-            os.fstat(self.stream.fileno())
-        except (AttributeError, ValueError, OSError):
+        closed = self.stream is None  # `run ... >&-`: Python then has no sys.stdout at all
+        if not closed:
+            try:
+                fd = self.stream.fileno()
+            except (AttributeError, io.UnsupportedOperation):
+                fd = None  # an in-memory stream (a test runner, an IDE): writable, no descriptor
+            except ValueError:
+                closed = True  # a closed file object
+            if fd is not None:
+                try:
+                    os.fstat(fd)
+                except OSError:
+                    closed = True
+        if closed:  # nothing could be written, so fail now (as cat does), not exit 0
             raise OutputError("standard output is closed: nothing could be written; redirect it "
-                              "to a file (or /dev/null)") from None
+                              "to a file (or /dev/null)")
 
     def write(self, text: str) -> None:
         try:

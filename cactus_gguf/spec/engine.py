@@ -107,6 +107,21 @@ class Stream(Iterator[str]):
         return s.result
 
 
+def _model_path(spec: str | Path, param: str) -> Path:
+    """A GGUF path, or a models.yaml name resolved (fetched on first use) through the registry."""
+    from ..llama import ModelLoadError
+
+    path = Path(spec)
+    if path.exists() or path.suffix == ".gguf" or "/" in str(spec):
+        return path
+    from .. import registry
+
+    if str(spec) in registry.load_registry().models:
+        return registry.resolve_model(str(spec))
+    raise ModelLoadError(f"model file not found: {spec} (nor a registry name: `cactus-gguf "
+                         "models` lists them)", param=param)
+
+
 class Engine:
     """A verifier GGUF and an optional draft GGUF, loaded once, serving generations.
 
@@ -117,7 +132,8 @@ class Engine:
             print(r.text, r.stats.mean_accepted_length, r.stats.n_prompt_tokens_reused)
 
     Args:
-        verifier, draft: GGUF paths (draft None: method none or the ngram drafter only).
+        verifier, draft: GGUF paths or models.yaml names (fetched on first use); draft None:
+            method none or the ngram drafter only.
         load: context size, batch, threads, GPU offload, flash attention (options.py).
         defaults: the Request each call starts from (its keyword overrides apply on top).
         draft_context: the draft's own context options, when they should differ (e.g. a smaller
@@ -139,10 +155,11 @@ class Engine:
         self.verifier: Context | None = None
         self.draft: Context | None = None
         try:
-            self.verifier = Context.load(verifier, ModelOptions(lo.n_gpu_layers, repack=repack),
-                                         ctx_opts)
+            self.verifier = Context.load(_model_path(verifier, "model"),
+                                         ModelOptions(lo.n_gpu_layers, repack=repack), ctx_opts)
             if draft is not None:
-                self.draft = Context.load(draft, ModelOptions(lo.n_gpu_layers_draft, repack=repack),
+                self.draft = Context.load(_model_path(draft, "model_draft"),
+                                          ModelOptions(lo.n_gpu_layers_draft, repack=repack),
                                           draft_context or ctx_opts)
                 check_vocab_compatible(self.verifier.model, self.draft.model)
         except BaseException:

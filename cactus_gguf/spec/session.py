@@ -86,6 +86,7 @@ class Session:
                 out.append(text)
             if self.text.stopped:
                 self.stop_reason, self.finished = "stop", True
+                self.message = f"stop string {self.text.matched_stop!r}"
                 break
             if len(self.out_tokens) >= self.request.n_predict:
                 self.stop_reason, self.finished = "length", True
