@@ -118,7 +118,6 @@ class Option:
     shown_default: str | None = None
     commands: frozenset[str] = frozenset({"run", "bench", "serve"})
     command_defaults: Mapping[str, Any] = field(default_factory=dict)
-    finite: bool = False  # a float option that refuses +-inf
 
     @property
     def flag(self) -> str:
@@ -147,12 +146,8 @@ class Option:
         if isinstance(value, bool) or not _is_number(value, integral=self.type is int):
             kind = "an integer" if self.type is int else "a number"
             return f"must be {kind}, got {value!r}"
-        if self.type is float and (math.isnan(value) or (math.isinf(value) and self.finite)):
-            what = self.range.describe() if self.range else "a number"
-            if self.finite:
-                what = (what.replace("a number", "a finite number", 1) if what.startswith("a number")
-                        else f"finite, {what}")
-            return f"must be {what}, got {value}"
+        if self.type is float and math.isnan(value):
+            return f"must be {self.range.describe() if self.range else 'a number'}, got nan"
         if self.range is not None and not self.range.contains(value):
             return f"must be {self.range.describe()}, got {_num(value)}"
         return None
@@ -238,8 +233,8 @@ OPTIONS: tuple[Option, ...] = (
            "probability below P, as llama.cpp", ("--draft-p-min",), range=Range(lo=0.0, hi=1.0),
            metavar="P"),
     Option("temperature", float, 0.8, "temperature; 0 = greedy (acceptance is then exact match)",
-           ("--temp",), range=Range(note="<= 0 = greedy"), recommend=True, metavar="T",
-           finite=True),
+           ("--temp",), range=Range(note="<= 0 = greedy, inf = uniform over the kept tokens"),
+           recommend=True, metavar="T"),
     Option("top_k", int, 40, "top-k (0 = off)", ("--top-k",),
            range=Range(lo=0, hi=2**31, hi_open=True, note="0 = off"), recommend=True, metavar="N"),
     Option("top_p", float, 0.95, "top-p (1 = off)", ("--top-p",),

@@ -91,8 +91,8 @@ PARAM_CASES = [  # every message names the flag (options.py says how)
     (["-k", "-3"], "-k/--draft-max must be >= 0"),
     (["--delta", "-1"], "--delta must be >= 0, got -1"),
     (["--delta", "nan"], "--delta must be >= 0, got nan"),
-    (["--temp", "nan"], "--temp must be a finite number (<= 0 = greedy), got nan"),
-    (["--temp", "inf"], "--temp must be a finite number (<= 0 = greedy), got inf"),
+    (["--temp", "nan"], "--temp must be a number (<= 0 = greedy, inf = uniform over the kept "
+                        "tokens), got nan"),
     (["--top-p", "0"], "--top-p must be in (0, 1] (1 = off), got 0"),
     (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
     (["--top-p", "nan"], "--top-p must be in (0, 1]"),
