@@ -105,4 +105,17 @@ def main() -> None:
     """Cactus constrained-acceptance speculative decoding for GGUF models."""
 
 
+def model_command(name: str, *, grid: bool = False):
+    """Decorator: the subcommand ``name`` taking ``[VERIFIER] [DRAFT]`` and its options from
+    options.py (grid options as comma-separated lists with ``grid``); the function gets the click
+    context, the two positional models and the options by name."""
+    from .params import schema_options
+
+    def decorate(f):
+        f = schema_options(name, grid=grid)(click.pass_context(f))
+        f = click.argument("verifier", required=False)(click.argument("draft", required=False)(f))
+        return main.command(name, context_settings={"show_default": True})(f)
+    return decorate
+
+
 from . import bench, models, run, serve  # noqa: E402,F401  (the subcommands register themselves)

@@ -6,15 +6,11 @@ from pathlib import Path
 
 import click
 
-from . import main, report_error
-from .params import given, schema_options
+from . import model_command, report_error
+from .params import given
 
 
-@main.command("bench", context_settings={"show_default": True})
-@click.argument("verifier", required=False)
-@click.argument("draft", required=False)
-@schema_options("bench", grid=True)
-@click.pass_context
+@model_command("bench", grid=True)
 def bench_command(ctx: click.Context, verifier, draft, **_options) -> None:
     """Benchmark every configuration side by side on the same prompts and seeds.
 

@@ -6,8 +6,8 @@ import logging
 import click
 
 from ..errors import CactusError
-from . import fail, main, report_error
-from .params import given, schema_options
+from . import fail, model_command, report_error
+from .params import given
 
 
 def summary(result, request) -> str:
@@ -45,11 +45,7 @@ def models_from_arguments(values: dict, verifier, draft) -> None:
              "as arguments or with -m / -md")
 
 
-@main.command(context_settings={"show_default": True})
-@click.argument("verifier", required=False)
-@click.argument("draft", required=False)
-@schema_options("run")
-@click.pass_context
+@model_command("run")
 def run(ctx: click.Context, verifier, draft, **_options) -> None:
     """Generate text with speculative decoding: VERIFIER checks what DRAFT proposes.
 

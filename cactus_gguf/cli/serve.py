@@ -8,8 +8,8 @@ import socket
 import click
 
 from ..errors import CactusError
-from . import fail, main, report_error
-from .params import given, schema_options
+from . import fail, model_command, report_error
+from .params import given
 
 
 def _loopback(host: str) -> bool:
@@ -19,11 +19,7 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-@main.command(context_settings={"show_default": True})
-@click.argument("verifier", required=False)
-@click.argument("draft", required=False)
-@schema_options("serve")
-@click.pass_context
+@model_command("serve")
 def serve(ctx: click.Context, verifier, draft, **_options) -> None:
     """Serve VERIFIER (checking DRAFT's proposals) over the OpenAI HTTP API.
 

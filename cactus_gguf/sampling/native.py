@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import EngineError, InputError
-from ._clib import (_P, _AcceptParamsC, _RngC, _SamplerParamsC, _StepResultC, _cactus_gamma,
-                    _rng_seed, _rng_uniform, _sample_probs, _verify, _warp, _warp_sample,
+from ._clib import (_AcceptParamsC, _RngC, _SamplerParamsC, _StepResultC, _cactus_gamma,
+                    _rng_seed, _rng_uniform, _verify, _warp, _warp_sample,
                     _workspace_size)
 from .params import METHODS, SOLVERS, AcceptanceParams, SamplingParams  # METHODS: index = cg_method
 

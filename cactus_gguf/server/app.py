@@ -27,7 +27,7 @@ from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import CactusError, InputError
+from ..errors import CactusError
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .schemas import (ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt,
                       to_request)
