@@ -22,6 +22,7 @@ from scipy import stats
 
 from cactus_gguf.sampling import reference as ref
 from cactus_gguf.sampling import native
+from cactus_gguf.sampling import _clib
 from cactus_gguf.sampling import (
     AcceptanceParams,
     BadDistributionError,
@@ -798,7 +799,7 @@ def test_sample_probs_is_the_reference_inverse_cdf():
             row[(row == 0) & (rng.random(V) < 0.5)] = -0.0
             seed = int(rng.integers(0, 2**63))
             native._rng_seed(addr(c_rng), seed)
-            st = native._sample_probs(row.ctypes.data, V, addr(c_rng), work.ctypes.data, addr(tok))
+            st = _clib._sample_probs(row.ctypes.data, V, addr(c_rng), work.ctypes.data, addr(tok))
             assert st == 0
             assert tok.value == ref.pick(row.astype(np.float64), ref.XoshiroRef(seed).uniform())
     # a bad row is reported before any uniform is drawn; the workspace is required
@@ -806,10 +807,10 @@ def test_sample_probs_is_the_reference_inverse_cdf():
     work = np.empty(native._workspace_size(3), np.float32)
     native._rng_seed(addr(c_rng), 5)
     before = tuple(c_rng.s)
-    assert native._sample_probs(bad.ctypes.data, 3, addr(c_rng), work.ctypes.data, addr(tok)) == 3
+    assert _clib._sample_probs(bad.ctypes.data, 3, addr(c_rng), work.ctypes.data, addr(tok)) == 3
     assert tuple(c_rng.s) == before
     good = np.abs(bad)
-    assert native._sample_probs(good.ctypes.data, 3, addr(c_rng), None, addr(tok)) == 1
+    assert _clib._sample_probs(good.ctypes.data, 3, addr(c_rng), None, addr(tok)) == 1
 
 
 # ---------------------------------------------------------------------------------------------
