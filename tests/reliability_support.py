@@ -191,6 +191,22 @@ class KvShadow:
         assert pos_min == (0 if ctx.n_past else -1), (name, pos_min)
 
 
+def track_loads(monkeypatch) -> list:
+    """Every llama Model and Context created from now on (to check that error paths free them)."""
+    from cactus_gguf.llama import Context, Model
+
+    out: list = []
+    for cls in (Model, Context):
+        init = cls.__init__
+
+        def tracked(self, *a, _init=init, **kw):
+            out.append(self)
+            _init(self, *a, **kw)
+
+        monkeypatch.setattr(cls, "__init__", tracked)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # Memory trends
 # ------------------------------------------------------------------------------------------------

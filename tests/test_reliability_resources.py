@@ -25,12 +25,12 @@ import numpy as np
 import pytest
 
 import llama_cpp
-from cactus_gguf.llama import Context, ContextOptions, Model, ModelLoadError
+from cactus_gguf.llama import ContextOptions, Model, ModelLoadError
 from cactus_gguf.options import LoadOptions, Request
 from cactus_gguf.spec import Engine, VocabMismatchError
 from cactus_gguf.sampling import NativeSampler
 
-from reliability_support import ctx, make_engine, memory_slope, rss_mib, write_llama
+from reliability_support import ctx, make_engine, memory_slope, rss_mib, track_loads, write_llama
 
 
 
@@ -273,16 +273,7 @@ def test_load_free_cycles_of_the_real_pair(qwen_pair, record_property, repack):
 @pytest.fixture
 def opened(monkeypatch) -> list:
     """Every Model and Context created during the test."""
-    out: list = []
-    for cls in (Model, Context):
-        init = cls.__init__
-
-        def tracked(self, *a, _init=init, **kw):
-            out.append(self)
-            _init(self, *a, **kw)
-
-        monkeypatch.setattr(cls, "__init__", tracked)
-    return out
+    return track_loads(monkeypatch)
 
 
 def freed(m) -> bool:

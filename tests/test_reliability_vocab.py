@@ -76,16 +76,9 @@ def test_a_real_token_past_the_shared_range_is_refused(models, tmp_path):
 def test_refused_pair_frees_both_models(models, tmp_path, monkeypatch):
     other = write_llama(tmp_path / "other.gguf", seed=5, eos_id=0)
     from cactus_gguf.llama import Model
+    from reliability_support import track_loads
 
-    opened: list = []
-    for cls in (Model, Context):
-        init = cls.__init__
-
-        def tracked(self, *a, _init=init, **kw):
-            opened.append(self)
-            _init(self, *a, **kw)
-
-        monkeypatch.setattr(cls, "__init__", tracked)
+    opened = track_loads(monkeypatch)
     with pytest.raises(VocabMismatchError):
         make_engine(models["ver"], other)
     assert sum(isinstance(m, Model) for m in opened) == 2
