@@ -130,9 +130,7 @@ def _plan(given: Mapping[str, Any], command: str) -> tuple[RunPlan, dict[str, An
     if verifier is None:
         raise InputError("no verifier model: give VERIFIER (a .gguf path or a registry name)",
                          param="model")
-    request = Request(**_of_scope(values, "request"))
-    if request.k == 0:  # no speculation (llama.cpp's --draft-max 0): the draft is not loaded
-        request = request.replace(method="none")
+    request = Request(**_of_scope(values, "request"))  # k = 0: method none, no draft loaded
     load = LoadOptions(**_of_scope(values, "load"))
     validate_pairing(load, request)
     uses_draft = request.method != "none" and request.drafter == "model"

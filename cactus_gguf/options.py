@@ -388,6 +388,8 @@ def _make(cls_name: str, scope: str, doc: str, post_init: Callable[[Any], None])
 
 
 def _check_request(r) -> None:
+    if r.k == 0 and r.method != "none":  # no speculation, as llama.cpp's --draft-max 0
+        object.__setattr__(r, "method", "none")
     if r.draft_min > r.k:
         raise InputError(f"{{draft_min}} must be in [0, {{k}}={r.k}], got {r.draft_min}",
                          param="draft_min", options=("k",))

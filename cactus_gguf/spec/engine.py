@@ -167,7 +167,7 @@ class Engine:
             raise
         self._lock = threading.RLock()
         self._owner: Session | None = None  # the session the caches currently hold
-        self._buffers_k = 0
+        self._draft_tokens = np.zeros(0, dtype=np.int32)  # grown by _buffers
 
     # -- lifetime ----------------------------------------------------------------------------------
 
@@ -282,8 +282,6 @@ class Engine:
     def _begin(self, prompt, req: Request) -> Session:
         """Check the prompt and the request against this engine; a Session ready to prefill."""
         ver = self._live()
-        if req.k == 0:  # no speculation, as llama.cpp's --draft-max 0
-            req = req.replace(method="none")
         validate_pairing(self.load_options, req)
         if isinstance(prompt, str):
             tokens = self.tokenize(prompt)
@@ -370,21 +368,21 @@ class Engine:
     def _buffers(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Draft distributions p, float32 [k, V], and drafted ids, int32 [k]; grown on demand.
         Columns past the draft's vocabulary stay 0 (it never proposes those ids)."""
-        if k > self._buffers_k:
+        if k > len(self._draft_tokens):
             self._draft_probs = np.zeros((k, self.verifier.n_vocab), dtype=np.float32)
             self._draft_tokens = np.zeros(k, dtype=np.int32)
-            self._buffers_k = k
         return self._draft_probs, self._draft_tokens
 
     def _draft(self, session: Session, k: int, probs: np.ndarray, tokens: np.ndarray) -> int:
         """The draft part of a step: how many tokens were drafted into ``tokens`` / ``probs``."""
         drafter, committed = session.drafter, session.committed
-        if drafter is not None and k > 0 and drafter.room(committed) < 1:
-            session.stop_drafting(drafter.why_no_room(committed))  # the verifier alone from here
-            drafter = None
         if drafter is None or k <= 0:
             return 0
-        k = min(k, drafter.room(committed))
+        room = drafter.room(committed)
+        if room < 1:
+            session.stop_drafting(drafter.why_no_room(committed))  # the verifier alone from here
+            return 0
+        k = min(k, room)
         n = drafter.propose(committed, k, session.sampler, session.policy, probs, tokens)
         return session.policy.keep(n)  # too short to be worth a batched verification: 0
 
