@@ -1,7 +1,7 @@
 """What the HTTP server costs: streaming through ``cactus-gguf serve`` vs the in-process API, and
 prefix reuse across a chat through the server.
 
-    python benchmarks/server_overhead.py [--prompts 6] [-n 128] [-o benchmarks/results/server]
+    python benchmarks/server_overhead.py [--prompts 16] [-n 128] [-o benchmarks/results/server]
 
 One ``cactus-gguf serve`` subprocess and one in-process Engine, both on the registry's default pair
 with its settings; never both computing at once. For each prompt (HumanEval stubs, completion
@@ -73,7 +73,7 @@ def stream_local(engine: Engine, prompt: str, **kw) -> tuple[int, float, float, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("-n", "--n-predict", type=int, default=128)
     ap.add_argument("-o", "--output", default="benchmarks/results/server")
     args = ap.parse_args()
