@@ -119,6 +119,10 @@ static cg_status check_accept_params(const cg_accept_params *ap)
     if (ap->accept_top_k < 1) {
         return CG_ERR_BAD_ARGUMENT;
     }
+    if ((ap->budget != CG_BUDGET_TARGET && ap->budget != CG_BUDGET_OUTPUT)
+        || (ap->output_kl != 0 && ap->output_kl != 1)) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
     return CG_OK;
 }
 
@@ -157,10 +161,20 @@ static cg_status check_prob_row(const float *p, int32_t n)
  *   q      float  [V]         V           cg_verify: the warped verifier distribution at a position
  *   ml     float  [V]         V           a logits row with the disallowed tokens set to -inf (only
  *                                         when an allowed-token mask is given; section 5)
+ *   [.., +1)                  slack to realign to 8 bytes
+ *   law    cg_draft_entry [V+2]  8V + 16  the rejectable drafts and their sums (section 9)
  * ============================================================================================= */
 
 #define CG_BINS 2048 /* 2^11: the widest radix digit */
 #define CG_BLOCK 64  /* ids per block for the block maxima used by top-k */
+
+/* One rejectable draft of the emitted-law computation (section 9). */
+typedef struct {
+    double s;  /* the target's scale off the drafted token, (1 - gamma) / (1 - q[n]) */
+    double m;  /* the rejected mass p[n] - gamma, then the residual weight m / Z */
+    double a;  /* bucket / suffix sums (section 9) */
+    double b;
+} cg_draft_entry;
 
 typedef struct {
     uint64_t *pairs;
@@ -171,6 +185,7 @@ typedef struct {
     float *bmax;
     float *q;
     float *ml;
+    cg_draft_entry *law;
 } cg_ws;
 
 static inline int32_t n_blocks(int32_t n) { return (int32_t)(((int64_t)n + CG_BLOCK - 1) / CG_BLOCK); }
@@ -181,7 +196,8 @@ int64_t cg_workspace_size(int32_t n_vocab)
         return 0;
     }
     const int64_t v = n_vocab;
-    return 1 + 2 * v + 2 * v + 2 * CG_BINS + CG_BINS + v + n_blocks(n_vocab) + v + v;
+    return 1 + 2 * v + 2 * v + 2 * CG_BINS + CG_BINS + v + n_blocks(n_vocab) + v + v
+           + 1 + 8 * (v + 2);
 }
 
 static cg_ws ws_carve(float *work, int32_t n_vocab)
@@ -198,6 +214,8 @@ static cg_ws ws_carve(float *work, int32_t n_vocab)
     ws.bmax = (float *)(ws.idx + v);
     ws.q = ws.bmax + n_blocks(n_vocab);
     ws.ml = ws.q + v;
+    /* bmax + q + ml may be an odd number of floats: realign to 8 bytes (one float of slack) */
+    ws.law = (cg_draft_entry *)(((uintptr_t)(ws.ml + v) + 7u) & ~(uintptr_t)7u);
     return ws;
 }
 
@@ -1145,6 +1163,74 @@ static int32_t residual_topk(const float *q, const float *p, int32_t n, float cu
     return wl_draw(&wl, v);
 }
 
+/* Typical acceptance's threshold min(eps, alpha exp(-H(q))), H in nats, and argmax q (lowest id). */
+static double typical_threshold(const float *q, int32_t n_vocab, const cg_accept_params *ap,
+                                int32_t *argmax)
+{
+    double entropy = 0.0;
+    int32_t arg = 0;
+    float q_max = q[0];
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        const float x = q[i];
+        if (x > 0.0f) {
+            entropy -= (double)x * log((double)x); /* 0 log 0 = 0: zeros skipped */
+            if (x > q_max) {
+                q_max = x;
+                arg = i;
+            }
+        }
+    }
+    *argmax = arg;
+    const double a_thr = ap->typical_alpha * exp(-entropy);
+    return ap->typical_epsilon < a_thr ? ap->typical_epsilon : a_thr;
+}
+
+/* Top-k acceptance's set T: the top K = min(accept_top_k, V, |supp q|) tokens of q (ties -> lower
+ * id), left in ws->pairs[0, m) (m = min(accept_top_k, V) selected, m_pos of them with q > 0, so
+ * tokens the warped verifier excludes are never in T), with its last element for in_top. */
+typedef struct {
+    int32_t m;
+    int32_t m_pos; /* |T| >= 1 (q sums to 1) */
+    float cut_v;
+    int32_t cut_id;
+} top_set;
+
+static top_set top_set_of(const float *q, int32_t n_vocab, const cg_accept_params *ap,
+                          const cg_ws *ws)
+{
+    top_set t;
+    const int32_t kk = ap->accept_top_k < n_vocab ? ap->accept_top_k : n_vocab;
+    t.m = select_prefix(q, NULL, n_vocab, 0, (double)kk, ws); /* = kk */
+    t.m_pos = 0;
+    for (int32_t j = 0; j < t.m; ++j) {
+        t.m_pos += q[pair_id(ws->pairs[j])] > 0.0f;
+    }
+    t.cut_id = pair_id(last_pair(ws->pairs, t.m)); /* last of the top m; m = kk >= 1 */
+    t.cut_v = q[t.cut_id];
+    return t;
+}
+
+/* What a rule needs of q at a position beyond q itself, computed once per position for the
+ * emitted law and the acceptance test: typical's threshold and argmax, topk's set T. */
+typedef struct {
+    double thr;    /* typical */
+    int32_t arg;   /* typical: argmax q, lowest id */
+    top_set top;   /* topk (its selection stays in ws->pairs until the next select_prefix) */
+} rule_set;
+
+static rule_set rule_set_of(const float *q, int32_t n_vocab, const cg_accept_params *ap,
+                            const cg_ws *ws)
+{
+    rule_set rs;
+    memset(&rs, 0, sizeof rs);
+    if (ap->method == CG_METHOD_TYPICAL) {
+        rs.thr = typical_threshold(q, n_vocab, ap, &rs.arg);
+    } else if (ap->method == CG_METHOD_TOPK) {
+        rs.top = top_set_of(q, n_vocab, ap, ws);
+    }
+    return rs;
+}
+
 /* Outcome of one position's acceptance test. */
 typedef struct {
     int accepted;
@@ -1153,8 +1239,8 @@ typedef struct {
 } position_outcome;
 
 static void evaluate_position(const float *q, const float *p, int32_t n, int32_t n_vocab,
-                              const cg_accept_params *ap, const cg_ws *ws, cg_rng *rng,
-                              position_outcome *o)
+                              const cg_accept_params *ap, const rule_set *rs, const cg_ws *ws,
+                              cg_rng *rng, position_outcome *o)
 {
     const double q_n = (double)q[n];
     const double p_n = draft_prob(p, n, n);
@@ -1185,56 +1271,33 @@ static void evaluate_position(const float *q, const float *p, int32_t n, int32_t
         break;
     }
     case CG_METHOD_TYPICAL: {
-        /* accept iff q[n] > min(eps, alpha exp(-H(q))), H in nats; else emit argmax q (lowest id).
-         * h is one-hot on the emitted token x, so KL(h || q) = -log q[x] (q[x] > 0 either way). */
-        double entropy = 0.0;
-        int32_t arg = 0;
-        float q_max = q[0];
-        for (int32_t i = 0; i < n_vocab; ++i) {
-            const float x = q[i];
-            if (x > 0.0f) {
-                entropy -= (double)x * log((double)x); /* 0 log 0 = 0: zeros skipped */
-                if (x > q_max) {
-                    q_max = x;
-                    arg = i;
-                }
-            }
-        }
-        const double a_thr = ap->typical_alpha * exp(-entropy);
-        const double thr = ap->typical_epsilon < a_thr ? ap->typical_epsilon : a_thr;
-        o->accepted = q_n > thr;
+        /* accept iff q[n] > thr; else emit argmax q (lowest id). h is one-hot on the emitted token
+         * x, so KL(h || q) = -log q[x] (q[x] > 0 either way). */
+        o->accepted = q_n > rs->thr;
         if (!o->accepted) {
-            o->token = arg;
+            o->token = rs->arg;
         }
         o->kl = 0.0 - log((double)q[o->token]); /* 0.0 - : q = 1 gives +0, not -0 */
         break;
     }
     case CG_METHOD_TOPK: {
-        /* T = the top K = min(accept_top_k, V, |supp q|) tokens of q (ties -> lower id): tokens the
-         * warped verifier gives probability 0 are never in T. Accept iff n in T; h = uniform on T,
-         * so KL(h || q) = sum_{i in T} (1/K) log((1/K) / q_i), finite. */
-        const int32_t kk = ap->accept_top_k < n_vocab ? ap->accept_top_k : n_vocab;
-        const int32_t m = select_prefix(q, NULL, n_vocab, 0, (double)kk, ws); /* = kk */
-        int32_t m_pos = 0; /* |T|: the selected tokens with q > 0 (>= 1, q sums to 1) */
-        for (int32_t j = 0; j < m; ++j) {
-            m_pos += q[pair_id(ws->pairs[j])] > 0.0f;
-        }
+        /* accept iff n in T; h = uniform on T, so KL(h || q) = sum_{i in T} (1/K) log((1/K) / q_i),
+         * finite. */
+        const top_set t = rs->top;
         /* KL = -(1/K) sum_{i in T} log(K q_i): summing log(K q_i) (near 0 when q is flat on T)
          * avoids the cancellation of -log K - mean(log q_i) */
         double sum_log_kq = 0.0;
-        for (int32_t j = 0; j < m; ++j) {
+        for (int32_t j = 0; j < t.m; ++j) {
             const float qi = q[pair_id(ws->pairs[j])];
             if (qi > 0.0f) {
-                sum_log_kq += log((double)m_pos * (double)qi);
+                sum_log_kq += log((double)t.m_pos * (double)qi);
             }
         }
-        const int32_t cut_id = pair_id(last_pair(ws->pairs, m)); /* last of the top m; m = kk >= 1 */
-        const float cut_v = q[cut_id];
-        const double kl = m_pos > 0 ? -sum_log_kq / (double)m_pos : 0.0;
+        const double kl = t.m_pos > 0 ? -sum_log_kq / (double)t.m_pos : 0.0;
         o->kl = kl > 0.0 ? kl : 0.0; /* KL >= 0; rounding can leave -1e-17 when q is flat on T */
-        o->accepted = in_top(q, n, cut_v, cut_id);
+        o->accepted = in_top(q, n, t.cut_v, t.cut_id);
         if (!o->accepted) {
-            o->token = residual_topk(q, p, n, cut_v, cut_id, n_vocab, cg_rng_uniform(rng), ws);
+            o->token = residual_topk(q, p, n, t.cut_v, t.cut_id, n_vocab, cg_rng_uniform(rng), ws);
         }
         break;
     }
@@ -1245,6 +1308,330 @@ static void evaluate_position(const float *q, const float *p, int32_t n, int32_t
         break;
     }
     }
+}
+
+/* ================================================================================================
+ * 9. The emitted law
+ *
+ * A drafted position emits its drafted token n (drawn from p) when the test accepts it, else a
+ * residual token, so the token it emits follows the mixture (cactus-notes.md, "What delta bounds")
+ *     P(x) = sum_n p[n] (1[x = n] a_n + (1 - a_n) r_n[x]),  a_n = min(1, h_n[n] / p[n]),
+ *     r_n = norm(max(0, h_n - p)).
+ * SpS and greedy emit q exactly (P = q). Typical and topk accept on a set A that does not depend on
+ * the draft, with one residual r for every rejection: P(x) = p[x] 1[x in A] + rho r[x], rho = the
+ * mass p puts outside A (typical: r one-hot on argmax q; topk: r = norm(1[T] - p) on T).
+ *
+ * Cactus: h_n[n] = g_n, h_n[i] = s_n q[i] (i != n), s_n = (1 - g_n) / (1 - q[n]) in [0, 1]. With
+ * m_n = p[n] - g_n: if m_n <= 0 the draft is always accepted and adds p[n] at n; else it adds g_n
+ * at n and m_n r_n elsewhere, r_n[x] = max(0, s_n q[x] - p[x]) / Z_n (r_n[n] = 0 since h_n[n] < p[n]),
+ * Z_n = sum_i max(0, s_n q[i] - p[i]). The term at i is positive iff t_i = p[i] / q[i] < s_n (and
+ * t_n > 1 >= s_n excludes i = n by itself), so with w_n = m_n / Z_n
+ *     Z_n  = s_n Q(s_n) - Pp(s_n),   Q(s) = sum_{t_i < s} q[i],  Pp(s) = sum_{t_i < s} p[i],
+ *     P(x) = min(p[x], g_x) + q[x] sum_{n in R: s_n > t_x} w_n s_n - p[x] sum_{n in R: s_n > t_x} w_n
+ * over the rejectable drafts R = {n : m_n > 0}. Sorting R by s, one pass over supp(q) drops each
+ * q[i], p[i] into the bucket of the first s above t_i (binary search) and prefix sums give Q, Pp at
+ * every s_n; suffix sums of w s and w then give each P(x) with one more binary search. Every draft
+ * with q[n] = 0 (g = 0, s = 1, all of p[n] rejected: h = q) shares one entry of R. Tokens outside
+ * supp(q) get P = 0 (g = 0 there and s q - p <= 0), so KL(P || q) is finite. Exact, in
+ * O(|supp q| log |R| + |R| log |R|) instead of the O(|supp p| |supp q|) of the sum over n.
+ * Exact solver shortcut: a token with p[x] > q[x] and D(p[x] || q[x]) <= delta has g_x >= p[x]
+ * (D increases on [q, 1]), so it is always accepted and needs no root (the test's own gamma may sit
+ * an ulp below p[x]: an acceptance of 1 - 1e-16 read as 1).
+ * A draft whose Z rounds to <= 0 (h_n = p up to rounding, so its rejection has probability ~0;
+ * cg_verify then draws from h_n) is left out of the residual sums: P loses at most its m_n ~ 1e-7.
+ * ============================================================================================= */
+
+/* Whether a draft with p > q is accepted with probability 1 (gamma >= p), decided without a
+ * root or a square root where possible. Taylor: q + sqrt(2 delta q (1 - q)) >= p  <=>
+ * (p - q)^2 <= 2 delta q (1 - q). Exact: gamma >= p <=> D(p || q) <= delta (D increases on [q, 1]),
+ * and D <= chi^2 = (p - q)^2 / (q (1 - q)) settles most tokens of a long tail without a log. */
+static inline int always_accepted(double p, double q, double delta, int32_t solver)
+{
+    if (delta == 0.0) {
+        return 0;
+    }
+    const double d2 = (p - q) * (p - q);
+    const double v = q * (1.0 - q);
+    if (solver == CG_SOLVER_TAYLOR) {
+        return d2 <= 2.0 * delta * v;
+    }
+    return d2 <= delta * v || binary_kl(p, q) <= delta;
+}
+
+/* log x for a positive normal double, in a form that vectorises: x = 2^e m with m in
+ * [sqrt(1/2), sqrt(2)), log m = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.1716, by its series to
+ * s^15: absolute error < 1e-14. Only the KL sums use it (one log per support token). */
+static inline double log_fast(double x)
+{
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    int64_t e = (int64_t)((u >> 52) & 0x7FF) - 1023;
+    u = (u & UINT64_C(0x000FFFFFFFFFFFFF)) | UINT64_C(0x3FF0000000000000);
+    double m;
+    memcpy(&m, &u, sizeof m);
+    const int big = m > 1.4142135623730951;
+    m = big ? 0.5 * m : m;
+    e += big;
+    const double s = (m - 1.0) / (m + 1.0);
+    const double z = s * s;
+    const double series = 2.0 / 13.0 + z * (2.0 / 15.0);
+    const double poly = 2.0 + z * (2.0 / 3.0 + z * (2.0 / 5.0 + z * (2.0 / 7.0 + z * (2.0 / 9.0
+                        + z * (2.0 / 11.0 + z * series)))));
+    return (double)e * 0.6931471805599453 + s * poly;
+}
+
+static int cmp_entry_s(const void *a, const void *b)
+{
+    const double x = ((const cg_draft_entry *)a)->s;
+    const double y = ((const cg_draft_entry *)b)->s;
+    return (x > y) - (x < y);
+}
+
+/* The first j in [0, m) with e[j].s > t, or m (e sorted by s ascending). Most tokens of a long
+ * tail have t above every s: one comparison. */
+static int32_t first_above(const cg_draft_entry *e, int32_t m, double t)
+{
+    if (m == 0 || t >= e[m - 1].s) {
+        return m;
+    }
+    int32_t lo = 0;
+    int32_t hi = m;
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (e[mid].s > t) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    return lo;
+}
+
+/* sum_{x in supp q} P(x) log(P(x) / q(x)) over a support list whose weights are P: >= 0. */
+static double kl_of_list(const cg_wlist *sq, const float *q)
+{
+    double kl = 0.0;
+    for (int32_t j = 0; j < sq->m; ++j) {
+        const double px = sq->w[j];
+        if (px > 0.0) {
+            const double ratio = px / (double)q[sq->id[j]];
+            kl += px * (ratio >= DBL_MIN ? log_fast(ratio) : log(ratio));
+        }
+    }
+    return kl > 0.0 ? kl : 0.0;
+}
+
+/* Cactus at budget delta: P over q's support (left as the weights of the returned list: ws->idx,
+ * ws->wts), its KL and the acceptance. p NULL = one-hot at n. */
+static cg_wlist cactus_law(const float *p, int32_t n, const float *q, int32_t n_vocab, double delta,
+                           int32_t solver, const cg_ws *ws, double *kl, double *acceptance)
+{
+    cg_wlist sq = wl_support(q, n_vocab, ws); /* ids of supp q; weights become min(p, g) below */
+    cg_draft_entry *e = ws->law;
+    int32_t m = 0;
+    double p_in = 0.0; /* p's mass on supp q */
+    double acc = 0.0;
+    for (int32_t j = 0; j < sq.m; ++j) {
+        const int32_t i = sq.id[j];
+        const double qi = sq.w[j];
+        const double pi = draft_prob(p, i, n);
+        p_in += pi;
+        double direct = pi; /* min(p, g): what token i gets as an accepted draft */
+        if (pi > qi && !always_accepted(pi, qi, delta, solver)) {
+            const double g = cg_cactus_gamma(qi, delta, solver); /* delta = 0: g = q (SpS) */
+            if (g < pi) {
+                e[m].s = (1.0 - g) / (1.0 - qi); /* g < p <= 1, so q < 1 */
+                e[m].m = pi - g;
+                ++m;
+                direct = g;
+            }
+        }
+        sq.w[j] = direct;
+        acc += direct;
+    }
+    const double p_out = 1.0 - p_in; /* drafts the verifier excludes: all rejected, residual from q */
+    if (p_out > 0.0) {
+        e[m].s = 1.0;
+        e[m].m = p_out;
+        ++m;
+    }
+    qsort(e, (size_t)m, sizeof *e, cmp_entry_s);
+    for (int32_t r = 0; r <= m; ++r) {
+        e[r].a = 0.0;
+        e[r].b = 0.0;
+    }
+    for (int32_t j = 0; j < sq.m; ++j) { /* buckets: q[i], p[i] at the first s above t_i */
+        const int32_t i = sq.id[j];
+        const double qi = (double)q[i];
+        const double pi = draft_prob(p, i, n);
+        const int32_t r = first_above(e, m, pi / qi);
+        e[r].a += qi;
+        e[r].b += pi;
+    }
+    double cq = 0.0;
+    double cp = 0.0;
+    for (int32_t r = 0; r < m; ++r) { /* prefix sums: Q(s_r), Pp(s_r); then w_r = m_r / Z_r */
+        cq += e[r].a;
+        cp += e[r].b;
+        const double z = e[r].s * cq - cp;
+        e[r].m = z > 0.0 ? e[r].m / z : 0.0;
+    }
+    e[m].a = 0.0;
+    e[m].b = 0.0;
+    for (int32_t r = m - 1; r >= 0; --r) { /* suffix sums of w s and w */
+        e[r].a = e[r + 1].a + e[r].m * e[r].s;
+        e[r].b = e[r + 1].b + e[r].m;
+    }
+    for (int32_t j = 0; j < sq.m; ++j) {
+        const int32_t i = sq.id[j];
+        const double qi = (double)q[i];
+        const double pi = draft_prob(p, i, n);
+        const int32_t r = first_above(e, m, pi / qi);
+        const double inflow = qi * e[r].a - pi * e[r].b; /* a sum of positive terms: clamp rounding */
+        sq.w[j] += inflow > 0.0 ? inflow : 0.0;
+    }
+    *kl = kl_of_list(&sq, q);
+    *acceptance = acc;
+    return sq;
+}
+
+/* The per-draft budget of the output budget: the largest delta' in [0, delta] found by bisection
+ * whose law keeps KL(P || q) <= delta (delta' = delta when that already does; delta' = 0, SpS, is
+ * always feasible). Only feasible points are kept, so the bound holds whatever the shape of
+ * KL(P_delta' || q); when it increases with delta' (as acceptance does), delta' is the largest to
+ * within delta 2^-CG_OUTPUT_STEPS. */
+#define CG_OUTPUT_STEPS 20
+
+static double output_delta(const float *p, int32_t n, const float *q, int32_t n_vocab,
+                           const cg_accept_params *ap, const cg_ws *ws)
+{
+    double kl;
+    double acc;
+    if (ap->delta == 0.0) {
+        return 0.0;
+    }
+    cactus_law(p, n, q, n_vocab, ap->delta, ap->solver, ws, &kl, &acc);
+    if (kl <= ap->delta) {
+        return ap->delta;
+    }
+    double lo = 0.0;
+    double hi = ap->delta; /* finite: at delta = inf every draft is accepted, P = p, KL finite */
+    for (int it = 0; it < CG_OUTPUT_STEPS; ++it) {
+        const double mid = 0.5 * (lo + hi);
+        cactus_law(p, n, q, n_vocab, mid, ap->solver, ws, &kl, &acc);
+        if (kl <= ap->delta) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+/* The law at one position, for any rule: KL(P || q), acceptance, and P in `law` when non-NULL.
+ * For Cactus it runs at `delta` (the caller resolves the output budget first). */
+static void position_law(const float *p, int32_t n, const float *q, int32_t n_vocab,
+                         const cg_accept_params *ap, double delta, const rule_set *rs,
+                         const cg_ws *ws, double *law, cg_law *out)
+{
+    out->kl = 0.0;
+    out->acceptance = 0.0;
+    out->delta = 0.0;
+    if (law) {
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            law[i] = 0.0;
+        }
+    }
+    if (ap->method == CG_METHOD_CACTUS && delta > 0.0) { /* delta = 0 is SpS: P = q below */
+        const cg_wlist sq = cactus_law(p, n, q, n_vocab, delta, ap->solver, ws, &out->kl,
+                                       &out->acceptance);
+        out->delta = delta;
+        if (law) {
+            for (int32_t j = 0; j < sq.m; ++j) {
+                law[sq.id[j]] = sq.w[j];
+            }
+        }
+        return;
+    }
+    cg_wlist sq = wl_support(q, n_vocab, ws); /* P lives on supp q for every rule */
+    const int exact = ap->method == CG_METHOD_SPS || ap->method == CG_METHOD_GREEDY
+                      || ap->method == CG_METHOD_CACTUS; /* here cactus has delta = 0 */
+    if (exact) {
+        for (int32_t j = 0; j < sq.m; ++j) {
+            const double pi = draft_prob(p, sq.id[j], n);
+            const double qi = sq.w[j];
+            out->acceptance += ap->method == CG_METHOD_GREEDY ? pi * qi : (pi < qi ? pi : qi);
+        }
+    } else if (ap->method == CG_METHOD_TYPICAL) {
+        const double thr = rs->thr;
+        const int32_t arg = rs->arg;
+        int32_t j_arg = 0;
+        for (int32_t j = 0; j < sq.m; ++j) {
+            const int32_t i = sq.id[j];
+            const double pi = draft_prob(p, i, n);
+            sq.w[j] = (double)q[i] > thr ? pi : 0.0;
+            out->acceptance += sq.w[j];
+            j_arg = i == arg ? j : j_arg;
+        }
+        const double rho = 1.0 - out->acceptance;
+        sq.w[j_arg] += rho > 0.0 ? rho : 0.0; /* every rejection emits argmax q */
+        out->kl = kl_of_list(&sq, q);
+    } else { /* CG_METHOD_TOPK */
+        const top_set t = rs->top;
+        double z = 0.0;
+        for (int32_t j = 0; j < sq.m; ++j) {
+            const int32_t i = sq.id[j];
+            const int in = in_top(q, i, t.cut_v, t.cut_id);
+            const double pi = draft_prob(p, i, n);
+            sq.w[j] = in ? pi : 0.0;
+            out->acceptance += sq.w[j];
+            z += in ? 1.0 - pi : 0.0;
+        }
+        const double rho = 1.0 - out->acceptance > 0.0 ? 1.0 - out->acceptance : 0.0;
+        for (int32_t j = 0; j < sq.m; ++j) { /* residual norm(1[T] - p), or uniform on T if 0 */
+            const int32_t i = sq.id[j];
+            if (in_top(q, i, t.cut_v, t.cut_id)) {
+                const double pi = draft_prob(p, i, n);
+                sq.w[j] += z > 0.0 ? rho * (1.0 - pi) / z : rho / (double)t.m_pos;
+            }
+        }
+        out->kl = kl_of_list(&sq, q);
+    }
+    if (law) {
+        for (int32_t j = 0; j < sq.m; ++j) {
+            law[sq.id[j]] = exact ? (double)q[sq.id[j]] : sq.w[j];
+        }
+    }
+}
+
+cg_status cg_emitted_law(const float *p, int32_t token, const float *q, int32_t n_vocab,
+                         const cg_accept_params *ap, float *work, double *law, cg_law *out)
+{
+    if (!out) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    memset(out, 0, sizeof *out);
+    if (!q || !work || n_vocab < 1 || (!p && (token < 0 || token >= n_vocab))) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    cg_status st = check_accept_params(ap);
+    if (st == CG_OK) {
+        st = check_prob_row(q, n_vocab);
+    }
+    if (st == CG_OK && p) {
+        st = check_prob_row(p, n_vocab);
+    }
+    if (st != CG_OK) {
+        return st;
+    }
+    const cg_ws ws = ws_carve(work, n_vocab);
+    double delta = ap->delta;
+    if (ap->method == CG_METHOD_CACTUS && ap->budget == CG_BUDGET_OUTPUT) {
+        delta = output_delta(p, token, q, n_vocab, ap, &ws);
+    }
+    const rule_set rs = rule_set_of(q, n_vocab, ap, &ws);
+    position_law(p, token, q, n_vocab, ap, delta, &rs, &ws, law, out);
+    return CG_OK;
 }
 
 cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
@@ -1283,8 +1670,11 @@ cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
     const cg_ws ws = ws_carve(work, n_vocab);
     float *q = ws.q;
     const size_t nw = (size_t)mask_words(n_vocab); /* words per row of the mask */
-    double kl_sum = 0.0;
-    double kl_max = 0.0;
+    const int output_budget = ap->method == CG_METHOD_CACTUS && ap->budget == CG_BUDGET_OUTPUT;
+    const int has_law = (ap->output_kl || output_budget)
+                        && (ap->method == CG_METHOD_CACTUS || ap->method == CG_METHOD_TYPICAL
+                            || ap->method == CG_METHOD_TOPK); /* sps, greedy: P = q, KL 0 */
+    cg_accept_params at = *ap; /* the position's rule: the output budget changes delta */
     for (int32_t i = 0; i < k; ++i) {
         const float *row = verifier_logits + (size_t)i * (size_t)n_vocab;
         const uint32_t *mask = allowed ? allowed + (size_t)i * nw : NULL;
@@ -1294,18 +1684,26 @@ cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
             return st;
         }
         const float *p = draft_probs ? draft_probs + (size_t)i * (size_t)n_vocab : NULL;
-        position_outcome o;
-        evaluate_position(q, p, draft_tokens[i], n_vocab, ap, &ws, rng, &o);
-        kl_sum += o.kl;
-        if (o.kl > kl_max) {
-            kl_max = o.kl;
+        const int32_t n = draft_tokens[i];
+        if (output_budget) {
+            at.delta = output_delta(p, n, q, n_vocab, ap, &ws);
         }
+        const rule_set rs = rule_set_of(q, n_vocab, ap, &ws);
+        if (has_law && !(ap->method == CG_METHOD_CACTUS && at.delta == 0.0)) { /* SpS: KL 0 */
+            cg_law law;
+            position_law(p, n, q, n_vocab, &at, at.delta, &rs, &ws, NULL, &law);
+            out->output_kl_sum += law.kl;
+            out->output_kl_max = law.kl > out->output_kl_max ? law.kl : out->output_kl_max;
+        }
+        out->delta_sum += ap->method == CG_METHOD_CACTUS ? at.delta : 0.0;
+        position_outcome o;
+        evaluate_position(q, p, n, n_vocab, &at, &rs, &ws, rng, &o);
+        out->kl_sum += o.kl;
+        out->kl_max = o.kl > out->kl_max ? o.kl : out->kl_max;
         if (!o.accepted) {
             out->n_accepted = i;
             out->next_token = o.token;
             out->n_evaluated = i + 1;
-            out->kl_sum = kl_sum;
-            out->kl_max = kl_max;
             return CG_OK;
         }
     }
@@ -1320,7 +1718,5 @@ cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
     out->n_accepted = k;
     out->next_token = sample_row(q, n_vocab, cg_rng_uniform(rng), &ws);
     out->n_evaluated = k;
-    out->kl_sum = kl_sum;
-    out->kl_max = kl_max;
     return CG_OK;
 }

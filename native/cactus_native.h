@@ -61,6 +61,17 @@ typedef enum {
     CG_SOLVER_EXACT = 1,   /* gamma = root in [q[n], 1] of the binary KL = delta, or 1 if none */
 } cg_solver;
 
+/* What a Cactus budget delta bounds (section 9 of cactus_native.c):
+ *   TARGET: KL(h_n || q) <= delta for the target of every drafted token n (the paper's). The token
+ *           a position emits follows the mixture P (cg_emitted_law), and KL(P || q) can exceed delta.
+ *   OUTPUT: KL(P || q) <= delta for the token each drafted position emits: the position runs the
+ *           paper's rule with the largest per-draft budget delta' <= delta (bisection) whose P
+ *           fits, so acceptance never falls below SpS's (delta' >= 0) and delta = 0 is still SpS. */
+typedef enum {
+    CG_BUDGET_TARGET = 0,
+    CG_BUDGET_OUTPUT = 1,
+} cg_budget;
+
 /* Sampling warps, applied in llama.cpp's default order: top-k, top-p, min-p, then temperature.
  * top-p and min-p look at softmax(logits) at temperature 1 over the tokens still kept.
  * temperature <= 0 means greedy: the warped distribution is one-hot at the argmax
@@ -79,6 +90,10 @@ typedef struct {
     double typical_epsilon;  /* TAS epsilon (vLLM default 0.09) */
     double typical_alpha;    /* TAS alpha (vLLM default 0.3) */
     int32_t accept_top_k;    /* top-k acceptance: size of the accepted set (default 5) */
+    int32_t budget;          /* cg_budget (Cactus only): what delta bounds */
+    int32_t output_kl;       /* 1: cg_verify reports output_kl_* (the emitted law at every evaluated
+                              * position: ~0.05 ms per position with top-k 40, ~8 ms at an untruncated
+                              * V = 152k); 0: they stay 0 (the output budget computes the law anyway) */
 } cg_accept_params;
 
 /* xoshiro256** state; seeded by cg_rng_seed (splitmix64 expansion of a 64-bit seed). */
@@ -92,7 +107,19 @@ typedef struct {
     int32_t n_evaluated;  /* drafted positions that went through the acceptance test: min(AL + 1, k) */
     double kl_sum;        /* sum over evaluated positions of KL(h || q), nats */
     double kl_max;        /* max over evaluated positions of KL(h || q), nats (0 if none) */
+    double output_kl_sum; /* sum over evaluated positions of KL(P || q), P the law of the token the
+                           * position emits (cg_emitted_law), nats; the bonus position adds 0 */
+    double output_kl_max; /* max over evaluated positions of KL(P || q), nats (0 if none) */
+    double delta_sum;     /* Cactus: sum over evaluated positions of the per-draft budget used
+                           * (delta itself for the target budget, delta' for the output budget) */
 } cg_step_result;
+
+/* The law of the token one drafted position emits, and what it costs in divergence. */
+typedef struct {
+    double kl;          /* KL(P || q), nats: 0 for sps and greedy (P = q) */
+    double acceptance;  /* the chance the drafted token is accepted: sum_n p[n] a_n */
+    double delta;       /* Cactus: the per-draft budget used (delta', see cg_budget); else 0 */
+} cg_law;
 
 /* Seed the generator. Same seed, same sequence. (NULL rng: no-op.) */
 void cg_rng_seed(cg_rng *rng, uint64_t seed);
@@ -101,10 +128,10 @@ void cg_rng_seed(cg_rng *rng, uint64_t seed);
 double cg_rng_uniform(cg_rng *rng);
 
 /* Scratch floats the caller must provide to the functions below (per call, reused):
- * 7 V + ceil(V / 64) + 6145 floats (4.3 MB at V = 151,936); 0 when n_vocab < 1. Besides the warp's
+ * 15 V + ceil(V / 64) + 6162 floats (9.1 MB at V = 151,936); 0 when n_vocab < 1. Besides the warp's
  * selection scratch and cg_verify's warped row q, it holds the weight list every draw is made from
- * (token ids and double weights of the row being drawn from) and the masked copy of a logits row
- * when an allowed-token mask is given, so no call allocates.
+ * (token ids and double weights of the row being drawn from), the masked copy of a logits row
+ * when an allowed-token mask is given, and the emitted-law tables, so no call allocates.
  * The workspace is untyped scratch carved into int32 / uint64 / double regions: allocate it with
  * malloc or numpy (4-byte alignment suffices), never pass a declared float array, and never share
  * one workspace between concurrent calls. */
@@ -185,6 +212,9 @@ double cg_cactus_gamma(double q_n, double delta, int32_t solver);
  * sum_{i in T} (1/K) log((1/K) / q_i) with h uniform on T (always finite).
  * topk's T is the top K = min(accept_top_k, V, |supp q|) tokens of q, ties to the lower id: a token
  * the warped verifier gives probability 0 is never in T, so it is never accepted.
+ * KL(P || q) per evaluated position (output_kl_*): the exact law of cg_emitted_law, computed with
+ * the position's p and q before its acceptance draw (it draws nothing). With the output budget the
+ * position's acceptance test and residual use the delta' found there, so output_kl_max <= delta.
  * Validation is up front: every id in draft_tokens and every draft_probs row (k x V reads;
  * CG_ERR_BAD_DISTRIBUTION for a negative / NaN / inf entry or an all-zero row). Verifier rows are
  * warped only as reached: row i only when positions 0 .. i-1 were accepted (so a non-finite row
@@ -195,6 +225,26 @@ cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
                     const float *verifier_logits, const uint32_t *allowed, int32_t k, int32_t n_vocab,
                     const cg_sampler_params *sp, const cg_accept_params *ap, cg_rng *rng,
                     float *work, cg_step_result *out);
+
+/* The law P of the token a drafted position emits (accepted draft or residual), exactly:
+ *     P(x) = sum_n p[n] (1[x = n] a_n + (1 - a_n) r_n[x]),  a_n = the acceptance of draft n,
+ *     r_n = the residual after rejecting n                         (cactus-notes.md)
+ * for the rule in ap (for Cactus with ap->budget = OUTPUT, at the delta' that rule picks).
+ *   p:       float32 [n_vocab] the warped draft distribution (normalised, as cg_warp's rows are:
+ *            the mass outside q's support is taken as 1 - the mass inside), or NULL for a
+ *            deterministic drafter (p one-hot at token)
+ *   token:   the drafted token when p is NULL (else ignored; may be anything)
+ *   q:       float32 [n_vocab] the warped verifier distribution (a probability row)
+ *   law:     float64 [n_vocab] out, P (NULL: not wanted); sums to 1 up to rounding
+ *   work:    float32 [cg_workspace_size(n_vocab)]
+ *   out:     KL(P || q), the acceptance probability, the delta used
+ * Cost: cactus O(|supp q| log |R|) with R the drafts that can be rejected (section 9), typical and
+ * topk O(V), sps and greedy O(|supp q|); the output budget repeats the cactus law ~20 times.
+ * cg_verify computes the same law (without `law`) at every position it evaluates.
+ * Errors: CG_ERR_BAD_ARGUMENT (NULL q / work / out, n_vocab < 1, bad params, token outside
+ * [0, n_vocab) with p NULL), CG_ERR_BAD_DISTRIBUTION (p or q not a probability row). */
+cg_status cg_emitted_law(const float *p, int32_t token, const float *q, int32_t n_vocab,
+                         const cg_accept_params *ap, float *work, double *law, cg_law *out);
 
 #ifdef __cplusplus
 }

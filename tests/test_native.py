@@ -581,7 +581,7 @@ def test_p_equal_q_always_accepts_and_one_hot_q():
     vl1 = np.zeros((2, V), np.float32)
     vl1[:, 7] = 200.0
     s = sampler(V, seed=2, method="cactus", delta=0.5)
-    assert s.verify(None, np.array([7], np.int32), vl1) == StepResult(1, 7, 1, 0.0, 0.0)
+    assert s.verify(None, np.array([7], np.int32), vl1) == StepResult(1, 7, 1, 0.0, 0.0, 0.0, 0.0, 0.5)  # delta_sum: 0.5 used
     r = s.verify(None, np.array([8], np.int32), vl1)
     assert (r.n_accepted, r.next_token, r.kl_sum) == (0, 7, 0.0)
 

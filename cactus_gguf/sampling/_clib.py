@@ -36,6 +36,8 @@ class _AcceptParamsC(ctypes.Structure):
         ("typical_epsilon", ctypes.c_double),
         ("typical_alpha", ctypes.c_double),
         ("accept_top_k", ctypes.c_int32),
+        ("budget", ctypes.c_int32),
+        ("output_kl", ctypes.c_int32),
     ]
 
 
@@ -50,6 +52,17 @@ class _StepResultC(ctypes.Structure):
         ("n_evaluated", ctypes.c_int32),
         ("kl_sum", ctypes.c_double),
         ("kl_max", ctypes.c_double),
+        ("output_kl_sum", ctypes.c_double),
+        ("output_kl_max", ctypes.c_double),
+        ("delta_sum", ctypes.c_double),
+    ]
+
+
+class _LawC(ctypes.Structure):
+    _fields_ = [
+        ("kl", ctypes.c_double),
+        ("acceptance", ctypes.c_double),
+        ("delta", ctypes.c_double),
     ]
 
 
@@ -73,3 +86,4 @@ _sample_probs = _bind("cg_sample_probs", ctypes.c_int, [_P, _i32, _P, _P, _P])
 _warp_sample = _bind("cg_warp_sample", ctypes.c_int, [_P, _i32, _i32, _P, _P, _P, _P, _P, _P])
 _cactus_gamma = _bind("cg_cactus_gamma", ctypes.c_double, [ctypes.c_double, ctypes.c_double, _i32])
 _verify = _bind("cg_verify", ctypes.c_int, [_P, _P, _P, _P, _i32, _i32, _P, _P, _P, _P, _P])
+_emitted_law = _bind("cg_emitted_law", ctypes.c_int, [_P, _i32, _P, _i32, _P, _P, _P, _P])

@@ -31,15 +31,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import EngineError, InputError
-from ._clib import (_AcceptParamsC, _RngC, _SamplerParamsC, _StepResultC, _cactus_gamma,
-                    _rng_seed, _rng_uniform, _verify, _warp, _warp_sample,
+from ._clib import (_AcceptParamsC, _LawC, _RngC, _SamplerParamsC, _StepResultC, _cactus_gamma,
+                    _emitted_law, _rng_seed, _rng_uniform, _verify, _warp, _warp_sample,
                     _workspace_size)
-from .params import METHODS, SOLVERS, AcceptanceParams, SamplingParams  # METHODS: index = cg_method
+from .params import (BUDGETS, METHODS, SOLVERS, AcceptanceParams,  # METHODS: index = cg_method
+                     SamplingParams)
 
 __all__ = [
     "AcceptanceParams",
     "BadDistributionError",
     "EmptyMaskError",
+    "Law",
     "NativeArgumentError",
     "NativeError",
     "NativeSampler",
@@ -121,7 +123,12 @@ class StepResult:
     - ``n_accepted``: acceptance length AL, accepted drafts ``0..k``.
     - ``next_token``: the residual token (``n_accepted < k``) or the bonus token (``n_accepted == k``).
     - ``n_evaluated``: drafted positions that went through the test, ``min(AL + 1, k)``.
-    - ``kl_sum``, ``kl_max``: sum and max over evaluated positions of KL(h || q), nats (max 0 if none).
+    - ``kl_sum``, ``kl_max``: sum and max over evaluated positions of KL(h || q), nats (max 0 if
+      none): the divergence of each drafted token's *target*, what the paper's delta bounds.
+    - ``output_kl_sum``, ``output_kl_max``: the same for KL(P || q), P the law of the token each
+      evaluated position emits (``NativeSampler.emitted_law``): what the output actually diverges.
+    - ``delta_sum``: Cactus, sum over evaluated positions of the per-draft budget used (delta for
+      ``budget="target"``, the delta' <= delta searched for ``"output"``); else 0.
     """
 
     n_accepted: int
@@ -129,6 +136,25 @@ class StepResult:
     n_evaluated: int
     kl_sum: float
     kl_max: float
+    output_kl_sum: float = 0.0
+    output_kl_max: float = 0.0
+    delta_sum: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Law:
+    """The law of the token one drafted position emits (accepted draft or residual).
+
+    - ``probs``: float64 [V], P(x) = sum_n p[n] (1[x = n] a_n + (1 - a_n) r_n[x]) (cactus-notes.md).
+    - ``kl``: KL(P || q) in nats (0 for sps and greedy, where P = q).
+    - ``acceptance``: the chance the drafted token is accepted, sum_n p[n] a_n.
+    - ``delta``: Cactus, the per-draft budget the position used; else 0.
+    """
+
+    probs: np.ndarray
+    kl: float
+    acceptance: float
+    delta: float
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,6 +325,8 @@ class NativeSampler:
             acceptance.typical_epsilon,
             acceptance.typical_alpha,
             acceptance.accept_top_k,
+            BUDGETS.index(acceptance.budget),
+            int(acceptance.output_kl),
         )
         self._ap_p = ctypes.addressof(self._ap)
         self._work = np.empty(_workspace_size(self._n_vocab), dtype=np.float32)
@@ -478,7 +506,41 @@ class NativeSampler:
         if st != _CG_OK:
             _raise(st, "cg_verify")
         r = self._res
-        return StepResult(r.n_accepted, r.next_token, r.n_evaluated, r.kl_sum, r.kl_max)
+        return StepResult(r.n_accepted, r.next_token, r.n_evaluated, r.kl_sum, r.kl_max,
+                          r.output_kl_sum, r.output_kl_max, r.delta_sum)
+
+    def emitted_law(self, draft_probs: np.ndarray | None, verifier_probs: np.ndarray, *,
+                    token: int | None = None) -> Law:
+        """The exact law of the token a drafted position emits under the configured rule.
+
+        Args:
+            draft_probs: float32 [V] the warped draft distribution p, or None for a deterministic
+                drafter, with ``token`` the drafted token (p one-hot there).
+            verifier_probs: float32 [V] the warped verifier distribution q (``warp`` output).
+        Returns:
+            Law (P float64 [V], KL(P || q), acceptance, delta used). Exact, O(V log V) at most
+            (native/cactus_native.c section 9); the output budget repeats it ~20 times.
+        Raises:
+            ValueError: bad dtype / shape, or ``token`` missing or outside [0, V) with p None.
+            BadDistributionError: p or q negative / NaN / inf somewhere or summing to 0.
+        """
+        n_vocab = self._n_vocab
+        rows = [verifier_probs] + ([] if draft_probs is None else [draft_probs])
+        for a in rows:
+            if (type(a) is not np.ndarray or a.dtype != _F32 or a.shape != (n_vocab,)
+                    or not a.flags.c_contiguous):
+                raise ValueError(f"draft_probs / verifier_probs must be C-contiguous float32 [V={n_vocab}]")
+        if draft_probs is None and not (_is_int(token) and 0 <= token < n_vocab):
+            raise ValueError(f"token must be a drafted id in [0, {n_vocab}) when draft_probs is None, "
+                             f"got {token!r}")
+        probs = np.empty(n_vocab, np.float64)
+        law = _LawC()
+        st = _emitted_law(0 if draft_probs is None else _addr(draft_probs),
+                          0 if token is None else int(token), _addr(verifier_probs), n_vocab,
+                          self._ap_p, self._work_p, _addr(probs), ctypes.addressof(law))
+        if st != _CG_OK:
+            _raise(st, "cg_emitted_law")
+        return Law(probs, law.kl, law.acceptance, law.delta)
 
     # -- randomness ---------------------------------------------------------------------------
 

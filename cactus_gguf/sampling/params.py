@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..options import METHODS, SOLVERS, check_value, default
+from ..options import BUDGETS, METHODS, SOLVERS, check_value, default
 
-__all__ = ["SamplingParams", "AcceptanceParams", "METHODS", "SOLVERS", "sampling_params",
+__all__ = ["SamplingParams", "AcceptanceParams", "METHODS", "SOLVERS", "BUDGETS", "sampling_params",
            "acceptance_params"]
 
 
@@ -52,6 +52,9 @@ class AcceptanceParams:
       verifier's top ``accept_top_k``), ``"greedy"`` (x ~ q; accept while x == n).
     - ``delta``: Cactus KL budget in nats, >= 0 (0 is exactly SpS).
     - ``solver``: Cactus gamma, ``"taylor"`` (the paper's closed form) or ``"exact"`` (binary-KL root).
+    - ``budget``: what Cactus delta bounds: ``"target"`` (KL(h_n || q) <= delta per drafted token,
+      the paper's) or ``"output"`` (KL(P || q) <= delta for the law P of each emitted token).
+    - ``output_kl``: measure KL(P || q) at every evaluated position (StepResult.output_kl_*).
     - ``typical_epsilon``, ``typical_alpha``: >= 0 (vLLM defaults 0.09, 0.3).
     - ``accept_top_k``: >= 1 (the authors' default 5).
 
@@ -64,6 +67,8 @@ class AcceptanceParams:
     typical_epsilon: float = default("typical_epsilon")
     typical_alpha: float = default("typical_alpha")
     accept_top_k: int = default("accept_top_k")
+    budget: str = default("budget")
+    output_kl: bool = default("output_kl")
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -83,5 +88,6 @@ def acceptance_params(request) -> AcceptanceParams | None:
     if request.method == "none":
         return None
     return AcceptanceParams(method=request.method, delta=request.delta, solver=request.solver,
+                            budget=request.budget, output_kl=request.output_kl,
                             typical_epsilon=request.typical_epsilon,
                             typical_alpha=request.typical_alpha, accept_top_k=request.accept_top_k)

@@ -338,3 +338,33 @@ def emitted_first_token_distribution(p: np.ndarray | None, q: np.ndarray, method
             raise ValueError(method)
         out += p[n] * a * np.eye(V)[n] + p[n] * (1.0 - a) * r
     return out
+
+
+def kl(P: np.ndarray, q: np.ndarray) -> float:
+    """KL(P || q) in nats, 0 log 0 = 0 (+inf where P > 0 = q)."""
+    P, q = np.asarray(P, np.float64), np.asarray(q, np.float64)
+    on = P > 0
+    if np.any(q[on] == 0):
+        return math.inf
+    return float(np.sum(P[on] * np.log(P[on] / q[on])))
+
+
+def output_budget_delta(p: np.ndarray | None, q: np.ndarray, delta: float, solver: str,
+                        drafted: int | None = None, steps: int = 20) -> float:
+    """The per-draft budget delta' of the output budget, by the rule cactus_native.c documents:
+    delta itself if its law already keeps KL(P || q) <= delta, else ``steps`` bisections on
+    [0, delta] keeping only feasible points. Built on emitted_first_token_distribution (the direct
+    O(V^2) mixture), not on the C's sorted sums."""
+    def kl_at(d: float) -> float:
+        return kl(emitted_first_token_distribution(p, q, "cactus", d, solver, drafted=drafted), q)
+
+    if delta == 0.0 or kl_at(delta) <= delta:
+        return delta
+    lo, hi = 0.0, delta
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        if kl_at(mid) <= delta:
+            lo = mid
+        else:
+            hi = mid
+    return lo
