@@ -27,7 +27,7 @@ class Drafter(Protocol):
 
     deterministic: bool
 
-    def reset(self, prompt: Sequence[int], *, reuse: bool) -> int | None:
+    def reset(self, prompt: Sequence[int], *, reuse: bool, lazy: bool = False) -> int | None:
         """Prepare to draft after ``prompt``. Returns the prompt tokens reused from an earlier
         generation's state (0 if none), or None when this drafter cannot draft for this prompt
         (the verifier then decodes alone)."""
@@ -64,10 +64,19 @@ class ModelDrafter:
         self.ctx = ctx
         self.n_logits = min(n_vocab, ctx.n_vocab)  # never propose an id the verifier lacks
 
-    def reset(self, prompt: Sequence[int], *, reuse: bool) -> int | None:
+    def reset(self, prompt: Sequence[int], *, reuse: bool, lazy: bool = False) -> int | None:
+        """Hold the prompt but its last token (or, ``lazy``, only what the cache already shares
+        with it: ``propose`` decodes the rest when a step first drafts). The tokens reused, or
+        None when the prompt does not fit the draft's context."""
         if self._room_for(prompt, 0) < 1:
             self.ctx.clear()
             return None
+        if lazy:
+            held, target = self.ctx.tokens, prompt[:-1]
+            n = 0
+            while reuse and n < min(len(held), len(target)) and held[n] == target[n]:
+                n += 1
+            return self.ctx.sync(target[:n], reuse=True)
         return self.ctx.sync(prompt[:-1], reuse=reuse)
 
     def resync(self, committed: Sequence[int]) -> bool:
@@ -98,11 +107,11 @@ class ModelDrafter:
         n = 0
         for i in range(k):
             d = sampler.draft(row[:self.n_logits], probs[i])
-            if policy.too_unsure(probs[i]):
+            if policy.too_unsure(probs[i], d):
                 break  # the draft is unsure: verify what we have
             tokens[i] = d
             n += 1
-            if i == k - 1 or self.ctx.model.is_eog(d):
+            if i == k - 1 or self.ctx.model.is_eog(d) or not policy.more(n):
                 break  # nothing to propose after the last draft or an end-of-generation token
             row = self.ctx.decode([d], n_logits=1)[0]
         return n
@@ -124,7 +133,7 @@ class NgramDrafter:
     def __init__(self, n_max: int, n_min: int) -> None:
         self.n_max, self.n_min = n_max, n_min
 
-    def reset(self, prompt: Sequence[int], *, reuse: bool) -> int | None:
+    def reset(self, prompt: Sequence[int], *, reuse: bool, lazy: bool = False) -> int | None:
         return 0
 
     def resync(self, committed: Sequence[int]) -> bool:

@@ -3,10 +3,12 @@
 A policy answers three questions for the engine's step (engine.py):
 - ``draft_length(limit)``: how many tokens to draft this step, at most ``limit`` (the room left
   in both contexts, in one llama_decode batch, and before n_predict);
-- ``too_unsure(probs)``: after the draft sampled a token from its warped distribution ``probs``
-  (float32 [V]), whether to drop that token and stop drafting (llama.cpp ``--draft-p-min``);
-- ``keep(n_drafted)``: how many of the drafted tokens to verify (0 drops a draft shorter than
-  llama.cpp's ``--draft-min``: that step is verifier-only);
+- ``too_unsure(probs, token)``: after the draft sampled ``token`` from its warped distribution
+  ``probs`` (float32 [V]), whether to drop that token and stop drafting (llama.cpp
+  ``--draft-p-min``);
+- ``more(n_drafted)``: after keeping a drafted token, whether to draft another;
+- ``keep(n_drafted)``: how many of the drafted tokens to verify, a prefix (0 drops a draft shorter
+  than llama.cpp's ``--draft-min``: that step is verifier-only);
 and is told each step's outcome through ``observe`` (adaptive policies learn from it).
 """
 from __future__ import annotations
@@ -15,13 +17,16 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["DraftPolicy", "FixedDraftLength"]
+__all__ = ["DraftPolicy", "FixedDraftLength", "ForwardCosts", "AcceptanceModel",
+           "CostAwareDraftLength"]
 
 
 class DraftPolicy(Protocol):
     def draft_length(self, limit: int) -> int: ...
 
-    def too_unsure(self, probs: np.ndarray) -> bool: ...
+    def too_unsure(self, probs: np.ndarray, token: int | None = None) -> bool: ...
+
+    def more(self, n_drafted: int) -> bool: ...
 
     def keep(self, n_drafted: int) -> int: ...
 
@@ -39,7 +44,7 @@ class FixedDraftLength:
     def draft_length(self, limit: int) -> int:
         return min(self.k, limit)
 
-    def too_unsure(self, probs: np.ndarray) -> bool:
+    def too_unsure(self, probs: np.ndarray, token: int | None = None) -> bool:
         # compared in float32, as the row (NumPy's rule for a Python float against float32)
         return self.draft_p_min > 0.0 and bool(probs.max() < self.draft_p_min)
 
@@ -50,6 +55,234 @@ class FixedDraftLength:
                 verify_seconds: float) -> None:
         pass
 
+    def more(self, n_drafted: int) -> bool:
+        return True
+
     @classmethod
     def from_request(cls, request) -> "FixedDraftLength":
         return cls(request.k, request.draft_min, request.draft_p_min)
+
+
+# -------------------------------------------------------------------------------------------------
+# The cost-aware policy (--draft-policy auto)
+# -------------------------------------------------------------------------------------------------
+
+class ForwardCosts:
+    """What one forward pass costs on this machine, in seconds, corrected online.
+
+    ``verify(b)``: the verifier's decode of a batch of b tokens with logits for every row
+    (piecewise-linear between the probed batch sizes, extrapolated from the last two);
+    ``draft``: the draft model's decode of one token. Each observation moves the estimate of its
+    batch size a fifth of the way (an exponential moving average) and scales the other sizes by
+    the same factor, so a longer context or a machine that slows down (thermal limits, another
+    process) is followed within a few steps.
+
+    Args:
+        verify_seconds: {batch size: seconds}, at least {1: ...}.
+        draft_seconds: per token; 0 for a drafter without a model (n-gram lookup).
+    """
+
+    RATE = 0.2
+
+    def __init__(self, verify_seconds: dict[int, float], draft_seconds: float) -> None:
+        if 1 not in verify_seconds:
+            raise ValueError("verify_seconds needs the cost of a 1-token batch")
+        self._v = {int(b): float(s) for b, s in verify_seconds.items()}
+        self.draft = float(draft_seconds)
+
+    def verify(self, b: int) -> float:
+        if b in self._v:
+            return self._v[b]
+        sizes = sorted(self._v)
+        lo = max((s for s in sizes if s < b), default=sizes[0])
+        hi = min((s for s in sizes if s > b), default=None)
+        if hi is None:  # beyond the largest probed size: the slope of the last two
+            if len(sizes) == 1:
+                return self._v[lo] * b
+            a, c = sizes[-2], sizes[-1]
+            return self._v[c] + (b - c) * (self._v[c] - self._v[a]) / (c - a)
+        return self._v[lo] + (b - lo) * (self._v[hi] - self._v[lo]) / (hi - lo)
+
+    def observe_verify(self, b: int, seconds: float) -> None:
+        """Move size b's estimate towards ``seconds``, and every other size by the same factor:
+        what changes between the probe and a generation (the context's length, the machine's
+        load) scales all batch sizes alike, and sizes the policy stops using would otherwise
+        keep their probed values."""
+        current = self.verify(b)  # an unprobed size starts from its interpolation
+        new = current + self.RATE * (seconds - current)
+        if current > 0:
+            for size in self._v:
+                self._v[size] *= new / current
+        self._v[b] = new
+
+    def observe_draft(self, seconds_per_token: float) -> None:
+        self.draft += self.RATE * (seconds_per_token - self.draft)
+
+    def as_dict(self) -> dict:
+        return {"verify": {str(b): s for b, s in sorted(self._v.items())}, "draft": self.draft}
+
+
+class AcceptanceModel:
+    """P(a drafted token is accepted | its draft probability p[n]), learned in this generation.
+
+    Ten buckets of p[n] ([0, 0.1), ..., [0.9, 1]); each bucket's estimate is its acceptance count
+    shrunk towards the overall rate with a weight of 2 pseudo-observations, and the overall rate
+    towards ``prior`` with 2: (acc_b + 2 m) / (n_b + 2), m = (acc + 2 prior) / (n + 2). A bucket
+    the draft's confidence lands in for the first time starts at the overall rate. Updated with
+    every verification, for the acceptance rule in use (so Cactus's higher acceptance counts).
+    """
+
+    N_BUCKETS = 10
+
+    def __init__(self, prior: float = 0.5) -> None:
+        self.prior = prior
+        self.acc = [0] * self.N_BUCKETS
+        self.n = [0] * self.N_BUCKETS
+
+    def _bucket(self, p: float) -> int:
+        return min(self.N_BUCKETS - 1, max(0, int(p * self.N_BUCKETS)))
+
+    @property
+    def mean(self) -> float:
+        n, acc = sum(self.n), sum(self.acc)
+        return (acc + 2.0 * self.prior) / (n + 2.0)
+
+    def estimate(self, p: float) -> float:
+        b = self._bucket(p)
+        return (self.acc[b] + 2.0 * self.mean) / (self.n[b] + 2.0)
+
+    def update(self, draft_probs: list[float], n_accepted: int) -> None:
+        """The drafted tokens' p[n] of one step, in order, and how many were accepted: the first
+        n_accepted were, the next (if any) was rejected, the rest were never tested."""
+        for i, p in enumerate(draft_probs[:n_accepted + 1]):
+            b = self._bucket(p)
+            self.n[b] += 1
+            self.acc[b] += i < n_accepted
+
+
+class CostAwareDraftLength:
+    """Draft as many tokens as pay for themselves, 0 when none do (``--draft-policy auto``).
+
+    The rule (expected tokens per step: Leviathan et al. 2023, "Fast Inference from Transformers
+    via Speculative Decoding", sec. 3; here with a per-position acceptance instead of one α):
+    with a_i the estimated acceptance of the i-th drafted token (AcceptanceModel, from its p[n])
+    and A_j = a_1 ... a_j the chance the first j are all accepted, a step that verifies j drafts
+    yields in expectation E_j = 1 + A_1 + ... + A_j tokens and costs T_j = j c_d + c_v(j + 1)
+    (ForwardCosts: draft per token, verifier batch of j + 1). The verifier alone yields 1 token per
+    c_v(1). Each step:
+      - drafting stops after token j when the next one cannot pay for itself: its expected gain
+        A_j · m (m = the overall acceptance rate) per its marginal cost c_d + c_v(j+2) − c_v(j+1)
+        is below the step's rate so far, E_j / T_j, or j reaches the ceiling ``k``;
+      - of the j drafted, the first j* = argmax_{0 <= i <= j} E_i / (j c_d + c_v(i + 1)) are
+        verified (the j drafts are paid for whichever prefix is; j* = 0 is a verifier-only step);
+      - before drafting, the step is verifier-only when even the best length with every a_i = m,
+        max_j E_j / T_j, is below 1 / c_v(1). Such a pause is re-probed after 4, 8, ... 64
+        verifier-only steps (one step that drafts and verifies the ceiling, to measure m again),
+        unless even every draft accepted (m = 1) would beat the verifier alone by less than 10%
+        (PROBE_MARGIN): then the draft model is never used, not even to catch up on the prompt,
+        which a re-probe must decode first (the draft prefills lazily under this policy).
+    Costs are corrected from each step's measured draft and verify times.
+
+    Args:
+        k: the ceiling, the longest draft a step may make.
+        costs: ForwardCosts of this machine and these models.
+        draft_min, draft_p_min: as FixedDraftLength (llama.cpp's options).
+    """
+
+    EXPLORE_MIN, EXPLORE_MAX = 4, 64
+    PROBE_MARGIN = 1.1  # a re-probe needs perfect acceptance to beat the verifier alone by 10%
+
+    def __init__(self, k: int, costs: ForwardCosts, draft_min: int = 0,
+                 draft_p_min: float = 0.0, acceptance: AcceptanceModel | None = None) -> None:
+        self.k, self.costs = k, costs
+        self.draft_min, self.draft_p_min = draft_min, draft_p_min
+        self.acceptance = acceptance or AcceptanceModel()
+        self._p: list[float] = []  # this step's drafted tokens' p[n]
+        self._kept = 0
+        self._paused_steps = 0
+        self._backoff = self.EXPLORE_MIN
+        self._drafted_last = False
+        self._probing = False
+        self.n_paused = 0  # verifier-only steps the policy chose (for the stats)
+
+    # -- the rule ---------------------------------------------------------------------------------
+
+    def _rate(self, accept: list[float]) -> list[float]:
+        """E_j / T_j for j = 0 .. len(accept) (j = 0: the verifier alone)."""
+        c = self.costs
+        rates, e, a_run = [1.0 / c.verify(1)], 1.0, 1.0
+        for j, a in enumerate(accept, 1):
+            a_run *= a
+            e += a_run
+            rates.append(e / (j * c.draft + c.verify(j + 1)))
+        return rates
+
+    def _pays(self, m: float, margin: float = 1.0) -> bool:
+        rates = self._rate([m] * self.k)
+        return max(rates[1:], default=0.0) > margin * rates[0]
+
+    # -- the DraftPolicy protocol -------------------------------------------------------------------
+
+    def draft_length(self, limit: int) -> int:
+        self._p = []
+        self._probing = False
+        if self.k < 1 or limit < 1:
+            return 0
+        if not self._pays(self.acceptance.mean):
+            if not self._pays(1.0, self.PROBE_MARGIN):
+                self.n_paused += 1
+                return 0  # drafting cannot win here (by the margin): never pay for the draft
+            self._paused_steps += 1
+            if self._paused_steps <= self._backoff:
+                self.n_paused += 1
+                return 0
+            self._paused_steps = 0
+            self._backoff = min(self.EXPLORE_MAX, 2 * self._backoff)  # probe, less often each time
+            self._probing = True  # verify the whole draft: the point is to measure acceptance
+        else:
+            self._paused_steps = 0
+            self._backoff = self.EXPLORE_MIN
+        return min(self.k, limit)
+
+    def too_unsure(self, probs: np.ndarray, token: int | None = None) -> bool:
+        if self.draft_p_min > 0.0 and bool(probs.max() < self.draft_p_min):
+            return True
+        self._p.append(float(probs[token]) if token is not None else float(probs.max()))
+        return False
+
+    def more(self, n_drafted: int) -> bool:
+        if self._probing or n_drafted < self.draft_min:
+            return True
+        accept = [self.acceptance.estimate(p) for p in self._p]
+        rates = self._rate(accept)
+        a_all = float(np.prod(accept)) if accept else 1.0
+        j, c = len(accept), self.costs
+        gain = a_all * self.acceptance.mean
+        cost = c.draft + c.verify(j + 2) - c.verify(j + 1)
+        return cost <= 0 or gain / cost >= rates[-1]
+
+    def keep(self, n_drafted: int) -> int:
+        if self._probing:
+            self._kept = n_drafted if n_drafted >= self.draft_min else 0
+            return self._kept
+        # the n drafts are paid for whichever prefix is verified: rate_i = E_i / (n c_d + c_v(i+1))
+        accept = [self.acceptance.estimate(p) for p in self._p[:n_drafted]]
+        sunk = n_drafted * self.costs.draft
+        e, a_run, best, best_rate = 1.0, 1.0, 0, 1.0 / (sunk + self.costs.verify(1))
+        for i, a in enumerate(accept, 1):
+            a_run *= a
+            e += a_run
+            rate = e / (sunk + self.costs.verify(i + 1))
+            if rate > best_rate:
+                best, best_rate = i, rate
+        self._kept = best if best >= self.draft_min else 0
+        return self._kept
+
+    def observe(self, n_drafted: int, n_accepted: int, draft_seconds: float,
+                verify_seconds: float) -> None:
+        self.costs.observe_verify(n_drafted + 1, verify_seconds)
+        if self._p and self._drafted_last:  # else its first decode caught up a backlog
+            self.costs.observe_draft(draft_seconds / len(self._p))
+        if n_drafted:
+            self.acceptance.update(self._p[:n_drafted], n_accepted)
+        self._drafted_last = bool(self._p)
