@@ -26,11 +26,12 @@ from typing import Any, Callable, Iterable, Mapping
 from .errors import InputError
 
 __all__ = ["Option", "OPTIONS", "LoadOptions", "Request", "options_in", "default", "check_value",
-           "validate_pairing", "markdown_table", "METHODS", "SOLVERS", "DRAFTERS"]
+           "validate_pairing", "markdown_table", "METHODS", "SOLVERS", "BUDGETS", "DRAFTERS"]
 
 # The acceptance rules (index = the C helper's cg_method; "none" = no speculation, the verifier alone).
 METHODS = ("sps", "cactus", "typical", "topk", "greedy")
 SOLVERS = ("taylor", "exact")  # index = cg_solver
+BUDGETS = ("target", "output")  # index = cg_budget
 DRAFTERS = ("model", "ngram")
 
 
@@ -213,6 +214,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("solver", str, "taylor", "Cactus γ: `taylor` (paper's closed form; can exceed δ slightly "
            "when γ > 0.5) or `exact` (binary-KL root: KL ≤ δ up to float rounding, ~1e-15)",
            ("--solver",), choices=SOLVERS),
+    Option("budget", str, "target", "what Cactus δ bounds: `target` (the paper's: KL(h‖q) ≤ δ for "
+           "each drafted token's target; the tokens emitted can diverge more) or `output` "
+           "(KL(P‖q) ≤ δ for the law P of every token a draft position emits; costs ~20 law "
+           "evaluations per position; bench: the `cactus-output` configurations)", ("--budget",),
+           choices=BUDGETS, commands=_GEN),
+    Option("output_kl", bool, True, "measure KL(P‖q), the divergence of what each draft position "
+           "emits (`output_kl_*` in the stats; exact: ~0.05 ms per position with top-k 40, ~8 ms "
+           "at an untruncated 152k vocabulary, where `--no-output-kl` saves it)",
+           ("--output-kl", "--no-output-kl")),
     Option("typical_epsilon", float, 0.09, "typical acceptance ε (vLLM default)",
            ("--typical-epsilon",), range=Range(lo=0.0), metavar="E"),
     Option("typical_alpha", float, 0.3, "typical acceptance α (vLLM default)", ("--typical-alpha",),
@@ -227,6 +237,11 @@ OPTIONS: tuple[Option, ...] = (
            range=Range(lo=1), metavar="N"),
     Option("ngram_min", int, 1, "`ngram` drafter: shortest n-gram looked up", ("--ngram-min",),
            range=Range(lo=1), metavar="N"),
+    Option("draft_policy", str, "fixed", "`fixed`: draft `-k` tokens every step; `auto`: each "
+           "step drafts as many tokens (0 … `-k`) as pay for themselves, from this machine's "
+           "measured forward costs (probed once, cached) and the acceptance seen so far; 0 when "
+           "drafting does not pay (model drafter; the draft then prefills only when it drafts)",
+           ("--draft-policy",), choices=("fixed", "auto"), commands=_GEN),
     Option("draft_min", int, 0, "drop a draft shorter than N (that step is verifier-only), as "
            "llama.cpp", ("--draft-min",), range=Range(lo=0), metavar="N"),
     Option("draft_p_min", float, 0.0, "stop drafting when the draft's most likely token has "
@@ -295,8 +310,10 @@ OPTIONS: tuple[Option, ...] = (
            commands=_BENCH),
     Option("limit", int, None, "use only the first N prompts", ("--limit",), scope="bench",
            range=Range(lo=1), optional=True, metavar="N", shown_default="all", commands=_BENCH),
-    Option("configs", str, None, "configurations: none, sps, cactus, typical, topk, ngram, "
-           "ngram-cactus", ("--configs",), scope="bench", grid=True, optional=True,
+    Option("configs", str, None, "configurations: none, sps, cactus, cactus-output (δ bounds "
+           "the emitted tokens: `--budget output`), auto (cactus with `--draft-policy auto`, k "
+           "its ceiling), typical, topk, ngram, ngram-cactus",
+           ("--configs",), scope="bench", grid=True, optional=True,
            shown_default="none,sps,cactus,typical,ngram", commands=_BENCH),
     Option("timeout", float, 5.0, "seconds allowed per pass@1 test run", ("--timeout",),
            scope="bench", range=Range(lo=0.0, lo_open=True), metavar="S", commands=_BENCH),

@@ -3,7 +3,9 @@
 Glossary: a *step* is one verifier call (a verification batch, or one verifier-alone decode);
 drafted / accepted count draft tokens over all steps; AL (mean acceptance length) = accepted
 drafts per step; tokens per verifier call = emitted tokens per step. Times are wall-clock seconds;
-KL values are nats, over evaluated draft positions (see README "--json").
+KL values are nats: ``kl_*`` of each drafted token's acceptance target h (what the paper's delta
+bounds), ``output_kl_*`` of the law P of the token each draft position emits (what the output
+actually diverges; native/cactus_native.c section 9). See README "--json".
 """
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ class GenerationStats:
     draft_stop_reason: str = ""
     kl_sum: float = 0.0
     kl_max: float = 0.0
+    output_kl_sum: float = 0.0
+    output_kl_max: float = 0.0
+    delta_sum: float = 0.0
     prefill_seconds: float = 0.0
     first_token_seconds: float = 0.0
     draft_seconds: float = 0.0
@@ -79,7 +84,24 @@ class GenerationStats:
 
     @property
     def kl_mean(self) -> float:
+        """Mean over evaluated draft positions of KL(h || q), nats: the divergence of each drafted
+        token's acceptance *target* (what the paper's delta bounds), not of the tokens emitted."""
         return self.kl_sum / self.n_evaluated if self.n_evaluated else 0.0
+
+    @property
+    def output_kl_mean(self) -> float:
+        """Mean over the tokens the steps produced of KL(P || q), nats, P the law of the token
+        emitted there (bonus and verifier-only tokens count 0: they are drawn from q). The sum,
+        ``output_kl_sum``, bounds the KL of the whole output from the verifier's (in expectation;
+        cactus-notes.md)."""
+        produced = self.n_accepted + self.n_steps
+        return self.output_kl_sum / produced if produced else 0.0
+
+    @property
+    def delta_mean(self) -> float:
+        """Cactus: mean per-draft budget used over evaluated positions, nats (delta itself with
+        ``--budget target``; what the output budget chose with ``output``)."""
+        return self.delta_sum / self.n_evaluated if self.n_evaluated else 0.0
 
     @property
     def other_seconds(self) -> float:
@@ -88,7 +110,8 @@ class GenerationStats:
                    - self.accept_seconds)
 
     DERIVED = ("mean_accepted_length", "acceptance_rate", "mean_drafted_length",
-               "tokens_per_verifier_call", "tokens_per_second", "kl_mean", "other_seconds")
+               "tokens_per_verifier_call", "tokens_per_second", "kl_mean", "output_kl_mean",
+               "delta_mean", "other_seconds")
 
     def as_dict(self) -> dict:
         """Every counter and derived figure, JSON-ready."""

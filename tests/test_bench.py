@@ -258,3 +258,26 @@ def test_kernel_benchmark_matches_reference_and_reports_ratio():
         assert row["c_ms"] > 0 and row["numpy_ms"] > 0 and row["ratio"] > 0
         assert row["agree"] is True
     assert bench.format_kernel_table(res)[0].split()[0] == "V"
+
+
+def test_the_pareto_view_has_one_point_per_speculative_configuration(tiny_run):
+    _, report, _, written = tiny_run
+    points = json.loads((written["json"].parent / "pareto.json").read_text(encoding="utf-8"))
+    spec = [s for s in report["summary"] if s["k"] is not None]
+    assert [p["config"] for p in points] == [s["config"] for s in spec]
+    for p, s in zip(points, spec):
+        assert p["output_kl_mean"] == s["output_kl_mean"] and p["delta"] == s["delta"]
+        assert p["mean_accepted_length"] == s["mean_accepted_length"]
+    cactus = [p for p in points if p["family"] == "cactus (target budget)"]
+    assert len(cactus) == len(DELTAS) and all(p["output_kl_mean"] > 0 for p in cactus)
+    assert [p["output_kl_mean"] for p in points if p["family"] == "sps"] == [0.0]
+    assert written["pareto"].read_bytes()[:8] == PNG_MAGIC
+
+
+def test_cactus_output_configurations_set_the_output_budget():
+    grid = bench.config_grid(("cactus", "cactus-output"), (0.5,), (4,))
+    assert [(c["id"], c["budget"]) for c in grid] == [("cactus-d0.5-k4", "target"),
+                                                       ("cactus-output-d0.5-k4", "output")]
+    from cactus_gguf.options import Request
+    assert bench.request_for(Request(), grid[1]).budget == "output"
+    assert bench.request_for(Request(budget="output"), grid[0]).budget == "target"

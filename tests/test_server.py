@@ -68,6 +68,13 @@ def test_chat_completion_has_openai_shape_and_the_speculative_block(server):
                extra_body={"speculative": {"method": "sps", "k": 2}})
     assert (sps.model_extra["speculative"]["method"], sps.model_extra["speculative"]["k"]) == \
         ("sps", 2)
+    # what delta bounds, and the divergence of what was emitted
+    out = chat(client(server), seed=1, max_tokens=12,
+               extra_body={"speculative": {"budget": "output", "delta": 0.05}})
+    o = out.model_extra["speculative"]
+    assert o["budget"] == "output" and o["draft_policy"] == "fixed"
+    assert 0.0 <= o["output_kl_max"] <= 0.05 + 1e-9
+    assert o["output_kl_sum"] >= o["output_kl_mean"] >= 0.0
 
 
 def test_streaming_chat_joins_to_the_same_text_and_reports_usage(server):
@@ -169,6 +176,11 @@ BAD = [  # (endpoint, body, status, param)
                           "speculative": {"delta": -1}}, 400, "speculative.delta"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
                           "speculative": {"bogus": 1}}, 400, "speculative.bogus"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                          "speculative": {"budget": "emitted"}}, 400, "speculative.budget"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                          "speculative": {"draft_policy": "smart"}}, 400,
+     "speculative.draft_policy"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "stop": [1]}, 400,
      None),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}],

@@ -15,10 +15,17 @@ __all__ = ["FAMILIES", "METHODS", "config_grid", "default_methods", "needs_draft
 
 # Configuration families, as data: the acceptance rule (None = the verifier alone), who drafts,
 # and whether the family is crossed with the δ grid. Every family but none is crossed with k.
+# ``budget``: what δ bounds for a Cactus family (options.py; "target" when absent);
+# ``draft_policy``: "auto" for the cost-aware draft length ("fixed" when absent).
 FAMILIES: dict[str, dict] = {
     "none": {"acceptance": None, "drafter": None, "per_delta": False},
     "sps": {"acceptance": "sps", "drafter": "model", "per_delta": False},
     "cactus": {"acceptance": "cactus", "drafter": "model", "per_delta": True},
+    "cactus-output": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
+                      "budget": "output"},
+    # Cactus at the base δ with the cost-aware draft length: k is its ceiling
+    "auto": {"acceptance": "cactus", "drafter": "model", "per_delta": False,
+             "draft_policy": "auto"},
     "typical": {"acceptance": "typical", "drafter": "model", "per_delta": False},
     "topk": {"acceptance": "topk", "drafter": "model", "per_delta": False},
     "ngram": {"acceptance": "sps", "drafter": "ngram", "per_delta": False},  # lossless lookup
@@ -50,7 +57,7 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
 
     Each is a dict: ``id`` (unique, file-safe), ``label`` (for people), ``method`` (a FAMILIES
     name), ``acceptance`` (the native rule, None for none), ``drafter`` (None/"model"/"ngram"),
-    ``k`` (None for none), ``delta`` (the Cactus families only). ``none`` comes once; every other
+    ``k`` (None for none), ``delta`` and ``budget`` (the Cactus families only). ``none`` comes once; every other
     family once per k, and once per δ for the Cactus ones.
 
     Raises ValueError for an unknown method, an empty grid, a k < 1 or a δ < 0.
@@ -71,14 +78,16 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
     out: list[dict] = []
     if "none" in methods:
         out.append({"id": "none", "label": "none", "method": "none", "acceptance": None,
-                    "drafter": None, "k": None, "delta": None})
+                    "drafter": None, "k": None, "delta": None, "budget": None})
     for k in ks:
         suffix = f" k={k}" if multi_k else ""
         for m in methods:
             fam = FAMILIES[m]
             if fam["acceptance"] is None:
                 continue
-            common = {"method": m, "acceptance": fam["acceptance"], "drafter": fam["drafter"], "k": k}
+            common = {"method": m, "acceptance": fam["acceptance"], "drafter": fam["drafter"], "k": k,
+                      "budget": fam.get("budget", "target") if fam["per_delta"] else None,
+                      "draft_policy": fam.get("draft_policy", "fixed")}
             if fam["per_delta"]:
                 for d in deltas:
                     out.append({"id": f"{m}-d{_fmt_num(d)}-k{k}",
@@ -97,6 +106,9 @@ def request_for(base, cfg: dict):
     changes = {"method": cfg["acceptance"], "drafter": cfg["drafter"], "k": cfg["k"]}
     if cfg["delta"] is not None:
         changes["delta"] = cfg["delta"]
+    if cfg.get("budget"):
+        changes["budget"] = cfg["budget"]
+    changes["draft_policy"] = cfg.get("draft_policy", "fixed")
     return base.replace(**changes)
 
 

@@ -1,10 +1,11 @@
-"""The benchmark plot: acceptance length and tokens/s against δ (matplotlib, optional)."""
+"""The benchmark plots (matplotlib, optional): acceptance length and tokens/s against δ, and the
+Pareto view, acceptance length and tokens/s against the divergence of what is emitted."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-__all__ = ["plot_report"]
+__all__ = ["plot_report", "plot_pareto", "pareto_points"]
 
 
 def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
@@ -71,3 +72,69 @@ def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
     return path
 
 
+
+
+def pareto_points(report: dict) -> list[dict]:
+    """The Pareto view's data, one point per speculative configuration: its family (sps, typical,
+    topk, "cactus (target budget)", "cactus (output budget)", ngram...), k, δ, measured
+    output KL (mean KL(P || q) per token, nats), acceptance length and median tokens/s."""
+    names = {"cactus": "cactus (target budget)", "cactus-output": "cactus (output budget)"}
+    return [{"family": names.get(s["method"], s["method"]), "config": s["config"], "k": s["k"],
+             "delta": s["delta"], "output_kl_mean": s.get("output_kl_mean"),
+             "output_kl_max": s.get("output_kl_max"), "target_kl_mean": s["kl_mean"],
+             "mean_accepted_length": s["mean_accepted_length"],
+             "tokens_per_second": s["tokens_per_second"]["median"],
+             "speedup_vs_none": s["speedup_vs_none"]}
+            for s in report["summary"] if s["k"] is not None]
+
+
+def plot_pareto(report: dict, path: str | os.PathLike[str]) -> Path:
+    """PNG: acceptance length (left) and tokens/s (right) against the measured output KL, one line
+    per δ-family (points labelled with δ), one marker per other rule; the verifier alone as a
+    horizontal line on the right. Up and to the left is better: more acceptance per nat of real
+    distortion. Raises ImportError with an install hint when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("the plot needs matplotlib: pip install 'cactus-gguf[bench]'") from None
+    pts = pareto_points(report)
+    fig, (ax_al, ax_tps) = plt.subplots(1, 2, figsize=(11, 4.2))
+    styles = {"cactus (target budget)": ("tab:blue", "o-"), "cactus (output budget)": ("tab:purple", "s-"),
+              "sps": ("tab:orange", "D"), "typical": ("tab:green", "^"), "topk": ("tab:brown", "v"),
+              "ngram": ("tab:red", "x"), "ngram-cactus": ("tab:pink", "P-")}
+    for fam in dict.fromkeys(p["family"] for p in pts):
+        for k in sorted({p["k"] for p in pts if p["family"] == fam}):
+            line = sorted((p for p in pts if p["family"] == fam and p["k"] == k),
+                          key=lambda p: (p["delta"] or 0.0))
+            color, marker = styles.get(fam, ("gray", "o"))
+            label = fam + (f" k={k}" if len({p["k"] for p in pts}) > 1 else "")
+            x = [p["output_kl_mean"] for p in line]
+            for ax, key in ((ax_al, "mean_accepted_length"), (ax_tps, "tokens_per_second")):
+                ax.plot(x, [p[key] for p in line], marker, color=color, label=label)
+                for p in line:
+                    if p["delta"] is not None:
+                        ax.annotate(f"δ={p['delta']:g}", (p["output_kl_mean"], p[key]),
+                                    textcoords="offset points", xytext=(4, 4), fontsize=6,
+                                    color=color)
+    for s in report["summary"]:
+        if s["method"] == "none":
+            ax_tps.axhline(s["tokens_per_second"]["median"], color="black", lw=1.8,
+                           label="none (verifier alone)")
+    for ax, ylabel in ((ax_al, "mean acceptance length (accepted drafts / step)"),
+                       (ax_tps, "tokens/s (median over prompts)")):
+        ax.set_xlabel("measured output KL, mean KL(P‖q) per token (nats)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    st = report["settings"]
+    warps = ", ".join(f"{k} {st[k]}" for k in ("temperature", "top_k", "top_p", "min_p") if k in st)
+    fig.suptitle(f"acceptance per nat of real distortion ({warps}; {report['machine']['cpu']}, "
+                 f"n={st['n_predict']}, {st['n_prompts']} prompts)", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

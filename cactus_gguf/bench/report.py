@@ -20,7 +20,8 @@ def fmt(x: float | None, fmt: str, none: str = "-") -> str:
 def format_table(report: dict) -> list[str]:
     """The summary as aligned text lines: one row per configuration, then the forward costs."""
     rows = [["config", "k", "tok/s median [q25-q75]", "x none", "x sps", "x none e2e", "AL",
-             "accept", "tok/call", "draft/verify/accept/other", "KL", "pass@1"]]
+             "accept", "tok/call", "draft/verify/accept/other", "KL target", "KL output",
+             "pass@1"]]
     for s in report["summary"]:
         t = s["tokens_per_second"]
         share = s["time_share"]
@@ -34,6 +35,7 @@ def format_table(report: dict) -> list[str]:
             fmt(s["tokens_per_verifier_call"], ".2f"),
             "/".join(fmt(share[p], ".1%") for p in ("draft", "verify", "accept", "other")),
             fmt(s["kl_mean"], ".3f") if s["k"] is not None else "-",
+            fmt(s.get("output_kl_mean"), ".3f") if s["k"] is not None else "-",
             (f"{s['pass_at_1']:.0%} ({round(s['pass_at_1'] * s['n_scored'])}/{s['n_scored']})"
              if s["pass_at_1"] is not None else "-"),
         ])
@@ -58,7 +60,8 @@ def format_table(report: dict) -> list[str]:
 def format_markdown(report: dict) -> str:
     """The summary as a Markdown table, then the forward costs and the machine / model facts."""
     head = ["config", "k", "tok/s median [q25–q75]", "× none", "× sps", "× none, with prefill",
-            "AL", "accept", "tok/call", "draft / verify / accept / other", "KL (nats)", "pass@1"]
+            "AL", "accept", "tok/call", "draft / verify / accept / other",
+            "KL(h‖q) target, nats/draft", "KL(P‖q) output, nats/token", "pass@1"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in report["summary"]:
         t, share, spec = s["tokens_per_second"], s["time_share"], s["k"] is not None
@@ -71,6 +74,7 @@ def format_markdown(report: dict) -> str:
             fmt(s["acceptance_rate"], ".0%", "–"), fmt(s["tokens_per_verifier_call"], ".2f"),
             " / ".join(fmt(share[p], ".1%") for p in ("draft", "verify", "accept", "other")),
             fmt(s["kl_mean"], ".3f") if spec else "–",
+            fmt(s.get("output_kl_mean"), ".3f", "–") if spec else "–",
             (f"{s['pass_at_1']:.0%} ({round(s['pass_at_1'] * s['n_scored'])}/{s['n_scored']})"
              if s["pass_at_1"] is not None else "–")]) + " |")
     fw = report["forward_ms"]
@@ -114,9 +118,11 @@ def _json_safe(obj: Any) -> Any:
 
 def write_report(report: dict, output_dir: str | os.PathLike[str], *,
                  plot: bool = True) -> dict[str, Path | str | None]:
-    """Write ``bench.json``, ``bench.md`` (the Markdown table) and ``bench.png`` (when ``plot`` and
-    matplotlib is installed) into ``output_dir`` (created).
-    Returns {"json": path, "md": path, "png": path or None, "note": message or None}.
+    """Write ``bench.json``, ``bench.md`` (the Markdown table), ``bench.png`` and, when there is
+    a speculative configuration, the Pareto view ``pareto.png`` with its data ``pareto.json``
+    (plots when ``plot`` and matplotlib is installed) into ``output_dir`` (created).
+    Returns {"json": path, "md": path, "png": path or None, "pareto": path or None,
+    "note": message or None}.
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -125,14 +131,22 @@ def write_report(report: dict, output_dir: str | os.PathLike[str], *,
                                     allow_nan=False) + "\n", encoding="utf-8")
     md_path = out / "bench.md"
     md_path.write_text(format_markdown(report), encoding="utf-8")
-    png, note = None, None
+    png, pareto, note = None, None, None
+    from .plot import pareto_points
+
+    points = pareto_points(report)
+    if points:
+        (out / "pareto.json").write_text(json.dumps(_json_safe(points), indent=1,
+                                                    ensure_ascii=False) + "\n", encoding="utf-8")
     if plot:
         try:
-            from .plot import plot_report
+            from .plot import plot_pareto, plot_report
 
             png = plot_report(report, out / "bench.png")
+            if points:
+                pareto = plot_pareto(report, out / "pareto.png")
         except ImportError as e:
             note = f"no plot: {e}"
-    return {"json": json_path, "md": md_path, "png": png, "note": note}
+    return {"json": json_path, "md": md_path, "png": png, "pareto": pareto, "note": note}
 
 

@@ -63,16 +63,18 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
     out = []
     for c in configs:
         rs = by_cfg[c["id"]]
-        tot = {key: sum(r[key] for r in rs) for key in
+        tot = {key: sum(r.get(key, 0.0) if key == "output_kl_sum" else r[key] for r in rs)
+               for key in  # output_kl_sum: absent from runs recorded before it existed
                ("n_tokens", "n_steps", "n_drafted", "n_accepted", "n_evaluated", "kl_sum",
-                "decode_seconds", "draft_seconds", "verify_seconds", "accept_seconds",
+                "output_kl_sum", "decode_seconds", "draft_seconds", "verify_seconds", "accept_seconds",
                 "other_seconds", "prefill_seconds")}
         dec = tot["decode_seconds"]
         scored = [r for r in rs if r.get("passed") is not None]
         sps_id = sps_ids.get(c["k"], first_sps) if c["method"] != "sps" else None
         s = {
             "config": c["id"], "label": c["label"], "method": c["method"], "k": c["k"],
-            "delta": c["delta"], "drafter": c["drafter"], "n_prompts": len(rs),
+            "delta": c["delta"], "budget": c.get("budget"), "drafter": c["drafter"],
+            "n_prompts": len(rs),
             "tokens": tot["n_tokens"],
             "tokens_per_second": quantiles([r["tokens_per_second"] for r in rs]),
             "speedup_vs_none": (median_ratio(tps[c["id"]], tps["none"])
@@ -88,6 +90,9 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
             "tokens_per_verifier_call": tot["n_tokens"] / tot["n_steps"] if tot["n_steps"] else 0.0,
             "kl_mean": tot["kl_sum"] / tot["n_evaluated"] if tot["n_evaluated"] else 0.0,
             "kl_max": finite(max((r["kl_max"] for r in rs), default=0.0)),
+            "output_kl_mean": (tot["output_kl_sum"] / (tot["n_accepted"] + tot["n_steps"])
+                               if tot["n_steps"] else 0.0),
+            "output_kl_max": max((r.get("output_kl_max", 0.0) for r in rs), default=0.0),
             "seconds": {k.removesuffix("_seconds"): v for k, v in tot.items() if k.endswith("_seconds")},
             "time_share": {part: (tot[f"{part}_seconds"] / dec if dec > 0 else None)
                            for part in ("draft", "verify", "accept", "other")},

@@ -52,6 +52,10 @@ def _click_option(o: Option, command: str, grid: bool):
         if o.optional:  # three states: on, off, or decided later (None)
             flags = [f"{f}/--no-{f[2:]}" for f in flags if f.startswith("--")]
             return click.option(*flags, o.name, default=default, **kw)
+        off = [f for f in flags if f.startswith("--no-")]
+        if off and len(off) < len(flags):  # a pair, e.g. --output-kl / --no-output-kl
+            on = [f for f in flags if f not in off]
+            return click.option(f"{'/'.join(on)}/{'/'.join(off)}", o.name, default=default, **kw)
         return click.option(*flags, o.name, is_flag=True, default=default, **kw)
     if grid:
         shown = ",".join(str(v) for v in default) if isinstance(default, tuple) else default

@@ -20,10 +20,13 @@ def summary(result, request) -> str:
     else:
         rule = f"method {request.method}"
         if request.method == "cactus":
-            rule += f" delta={request.delta:g} solver={request.solver}"
-        parts.append(f"{rule} k={request.k}" + (" drafter ngram" if request.drafter == "ngram" else ""))
+            rule += f" delta={request.delta:g} solver={request.solver} budget={request.budget}"
+        k = f"k<={request.k} (auto)" if request.draft_policy == "auto" else f"k={request.k}"
+        parts.append(f"{rule} {k}" + (" drafter ngram" if request.drafter == "ngram" else ""))
         parts.append(f"accepted {s.mean_accepted_length:.2f}/step, acceptance {s.acceptance_rate:.1%}, "
                      f"{s.tokens_per_verifier_call:.2f} tokens/verifier call")
+        parts.append(f"output KL {s.output_kl_mean:.3f}/token (max {s.output_kl_max:.3f}, "
+                     f"sum {s.output_kl_sum:.2f}) nats, target KL {s.kl_mean:.3f}")
         parts.append(f"draft {s.draft_seconds:.2f} s, verify {s.verify_seconds:.2f} s")
         if s.draft_stopped_at is not None:
             parts.append(f"drafting stopped at token {s.draft_stopped_at} ({s.draft_stop_reason}): "

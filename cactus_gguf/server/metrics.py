@@ -42,6 +42,10 @@ class Metrics:
                             buckets=(0.5, 1, 1.5, 2, 3, 4, 6, 8, 12, 16), registry=r)
         self.kl = Histogram("cactus_kl_mean_nats", "mean KL(h || q) of the acceptance target",
                             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4), registry=r)
+        self.output_kl = Histogram("cactus_output_kl_mean_nats",
+                                   "mean KL(P || q) of the emitted tokens' law, per token",
+                                   buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4),
+                                   registry=r)
 
     def finished(self, stats) -> None:
         """Record one finished generation's statistics (a GenerationStats)."""
@@ -58,6 +62,7 @@ class Metrics:
             self.acceptance.observe(stats.acceptance_rate)
             self.al.observe(stats.mean_accepted_length)
             self.kl.observe(stats.kl_mean)
+            self.output_kl.observe(stats.output_kl_mean)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

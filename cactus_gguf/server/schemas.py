@@ -2,7 +2,8 @@
 
 Field names are OpenAI's (``max_tokens``, ``max_completion_tokens``, ``stop``, ``seed``,
 ``stream_options``...) plus llama.cpp's extensions (``top_k``, ``min_p``, ``cache_prompt``) and
-cactus-gguf's ``speculative`` object (``method``, ``delta``, ``solver``, ``k``, ``drafter``; or
+cactus-gguf's ``speculative`` object (``method``, ``delta``, ``solver``, ``budget``, ``k``,
+``draft_policy``, ``drafter``; or
 ``false``: the verifier alone for this request). Values are validated by the one options schema
 (options.py), so the server accepts exactly what ``cactus-gguf run`` accepts; an error names the
 field as the client wrote it. Fields that would change what a response means and that this server
@@ -28,7 +29,9 @@ class Speculative(BaseModel):
     method: str | None = None
     delta: float | None = None
     solver: str | None = None
+    budget: str | None = None
     k: int | None = None
+    draft_policy: str | None = None
     drafter: str | None = None
 
 
@@ -122,6 +125,7 @@ def unsupported(body: _Common) -> tuple[str, str] | None:
 # Request option name -> the OpenAI field a client wrote it as.
 _OPENAI_NAMES = {"n_predict": "max_tokens", "method": "speculative.method",
                  "delta": "speculative.delta", "solver": "speculative.solver",
+                 "budget": "speculative.budget", "draft_policy": "speculative.draft_policy",
                  "k": "speculative.k", "drafter": "speculative.drafter"}
 
 

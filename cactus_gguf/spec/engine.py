@@ -41,7 +41,9 @@ from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampl
 from ..stats import GenerationResult
 from ..text import render_chat
 from .drafters import ModelDrafter, NgramDrafter
-from .policy import FixedDraftLength
+from ..registry.cache import cache_dir
+from .costs import forward_costs
+from .policy import CostAwareDraftLength, FixedDraftLength, ForwardCosts
 from .session import Chunk, Session
 from .vocab import check_vocab_compatible
 
@@ -168,6 +170,8 @@ class Engine:
         self._lock = threading.RLock()
         self._owner: Session | None = None  # the session the caches currently hold
         self._draft_tokens = np.zeros(0, dtype=np.int32)  # grown by _buffers
+        self._costs: ForwardCosts | None = None  # --draft-policy auto: probed on first use
+        self._costs_k = 0
 
     # -- lifetime ----------------------------------------------------------------------------------
 
@@ -318,8 +322,20 @@ class Engine:
         seed = req.seed if req.seed >= 0 else secrets.randbits(32)
         sampler = NativeSampler(ver.n_vocab, sampling_params(req),
                                 acceptance or AcceptanceParams(method="sps"), seed)
-        return Session(tokens, req, seed, sampler, drafter, FixedDraftLength.from_request(req),
+        return Session(tokens, req, seed, sampler, drafter, self._policy(req, drafter),
                        n_ctx=ver.n_ctx)
+
+    def _policy(self, req: Request, drafter):
+        """The draft-length policy: ``auto`` for the model drafter (n-gram drafts cost nothing to
+        propose, so they keep -k), else the fixed -k."""
+        if req.draft_policy == "auto" and isinstance(drafter, ModelDrafter) and req.k > 0:
+            with self._lock:  # the probe decodes on both contexts
+                if self._costs is None or self._costs_k < req.k:
+                    self._costs, _ = forward_costs(self, req.k, cache_dir())
+                    self._costs_k = req.k
+                    self._owner = None  # the probe emptied both caches
+            return CostAwareDraftLength(req.k, self._costs, req.draft_min, req.draft_p_min)
+        return FixedDraftLength.from_request(req)
 
     def _advance(self, session: Session) -> Chunk | None:
         """Under the lock: process the prompt, or run one step; the text released."""
@@ -347,7 +363,8 @@ class Engine:
         prompt = session.prompt
         session.stats.n_prompt_tokens_reused = self.verifier.sync(prompt[:-1], reuse=reuse)
         if session.drafter is not None:
-            reused = session.drafter.reset(prompt, reuse=reuse)
+            lazy = isinstance(session.policy, CostAwareDraftLength)  # drafts only if it pays
+            reused = session.drafter.reset(prompt, reuse=reuse, lazy=lazy)
             if reused is None:  # the verifier alone
                 session.stop_drafting("prompt does not fit the draft's context")
             else:
@@ -420,6 +437,9 @@ class Engine:
             stats.n_evaluated += res.n_evaluated
             stats.kl_sum += res.kl_sum
             stats.kl_max = max(stats.kl_max, res.kl_max)
+            stats.output_kl_sum += res.output_kl_sum
+            stats.output_kl_max = max(stats.output_kl_max, res.output_kl_max)
+            stats.delta_sum += res.delta_sum
         stats.accept_seconds += time.perf_counter() - ta
         stats.n_steps += 1
         stats.n_drafted += n_drafted

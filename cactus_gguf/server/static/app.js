@@ -31,13 +31,14 @@ function showStats(s) {
   $("s-al").textContent = s.method === "none" ? "–" : f(s.acceptance_length, 2);
   $("s-acc").textContent = s.method === "none" ? "–" : (100 * s.acceptance_rate).toFixed(0) + "%";
   $("s-kl").textContent = s.method === "none" ? "–" : f(s.kl_mean, 3);
+  $("s-okl").textContent = s.method === "none" ? "–" : f(s.output_kl_mean, 3);
   $("s-reused").textContent = s.prompt_tokens_reused;
 }
 
 function body() {
   const method = $("method").value;
   const spec = method === "none" ? false :
-    { method, delta: Number($("delta").value), k: Number($("k").value) };
+    { method, delta: Number($("delta").value), budget: $("budget").value, k: Number($("k").value) };
   return { messages: history, stream: true, stream_options: { include_usage: true },
            temperature: Number($("temperature").value), max_tokens: Number($("max_tokens").value),
            speculative: spec };
