@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cactus_gguf.options import LoadOptions, Request
+from cactus_gguf.options import LoadOptions
 from cactus_gguf.spec import Engine
 from cactus_gguf.spec.costs import forward_costs, probe_sizes
 from cactus_gguf.spec.policy import AcceptanceModel, CostAwareDraftLength, ForwardCosts

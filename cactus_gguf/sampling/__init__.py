@@ -1,17 +1,18 @@
 """Sampling math: the parameter records, the native helper's facade and its NumPy reference.
 
 - ``params``: SamplingParams (warps) and AcceptanceParams (the acceptance rule), from options.py;
-- ``native``: ctypes facade over native/cactus_native.c (warp, sample, one verification step);
+- ``native``: ctypes facade over native/cactus_native.c (warp, sample, one verification step,
+  the emitted law); ``errors``: its exceptions, one per C status;
 - ``reference``: the same math in plain NumPy, which the tests and the kernel benchmark compare
   the C against decision for decision.
 """
-from .native import (BadDistributionError, EmptyMaskError, NativeArgumentError, NativeError,
-                     NativeSampler, NonFiniteLogitsError, Rng, StepResult, binary_kl, cactus_gamma,
-                     pack_allowed)
+from .errors import (BadDistributionError, EmptyMaskError, NativeArgumentError, NativeError,
+                     NonFiniteLogitsError)
+from .native import Law, NativeSampler, Rng, StepResult, binary_kl, cactus_gamma, pack_allowed
 from .params import (METHODS, SOLVERS, AcceptanceParams, SamplingParams, acceptance_params,
                      sampling_params)
 
-__all__ = ["AcceptanceParams", "SamplingParams", "NativeSampler", "StepResult", "Rng",
+__all__ = ["AcceptanceParams", "SamplingParams", "NativeSampler", "StepResult", "Law", "Rng",
            "NativeError", "NativeArgumentError", "NonFiniteLogitsError", "BadDistributionError",
            "EmptyMaskError", "binary_kl", "cactus_gamma", "pack_allowed", "acceptance_params",
            "sampling_params", "METHODS", "SOLVERS"]

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import EngineError, InputError
+from .errors import (CG_OK, BadDistributionError, EmptyMaskError, NativeArgumentError,
+                     NativeError, NonFiniteLogitsError, raise_status)
 from ._clib import (_AcceptParamsC, _LawC, _RngC, _SamplerParamsC, _StepResultC, _cactus_gamma,
                     _emitted_law, _rng_seed, _rng_uniform, _verify, _warp, _warp_sample,
                     _workspace_size)
@@ -53,45 +54,6 @@ __all__ = [
     "cactus_gamma",
     "pack_allowed",
 ]
-
-
-# ---------------------------------------------------------------------------------------------
-# Errors
-# ---------------------------------------------------------------------------------------------
-
-
-class NativeError(EngineError):
-    """A call into the native helper failed."""
-
-
-class NativeArgumentError(NativeError, InputError):
-    """CG_ERR_BAD_ARGUMENT: a token id outside [0, V), or a parameter outside its range."""
-
-
-class NonFiniteLogitsError(NativeError):
-    """CG_ERR_NONFINITE_LOGITS: a logits row holds NaN or +inf, or is -inf everywhere."""
-
-
-class BadDistributionError(NativeError):
-    """CG_ERR_BAD_DISTRIBUTION: a probability row holds a negative, NaN or inf entry, or sums to 0."""
-
-
-class EmptyMaskError(NativeError):
-    """CG_ERR_EMPTY_MASK: an allowed-token mask leaves no token with a finite logit in a row."""
-
-
-_CG_OK = 0
-_ERRORS = {
-    1: (NativeArgumentError, "invalid argument (a token id outside [0, V) or a parameter out of range)"),
-    2: (NonFiniteLogitsError, "non-finite logits (NaN or +inf, or every logit -inf)"),
-    3: (BadDistributionError, "bad probability row (negative, NaN or inf entry, or zero sum)"),
-    4: (EmptyMaskError, "empty mask (no allowed token has a finite logit)"),
-}
-
-
-def _raise(status: int, where: str) -> None:
-    cls, what = _ERRORS.get(status, (NativeError, f"unknown status {status}"))
-    raise cls(f"{where}: {what}")
 
 
 _F32 = np.dtype(np.float32)
@@ -380,8 +342,8 @@ class NativeSampler:
         mask = _row_mask_addr(allowed, self._n_vocab)
         st = _warp(_addr(logits), logits.shape[0], self._n_vocab, mask, self._sp_p, _addr(out),
                    self._work_p)
-        if st != _CG_OK:
-            _raise(st, "cg_warp")
+        if st != CG_OK:
+            raise_status(st, "cg_warp")
 
     def sample(self, logits: np.ndarray, *, allowed: np.ndarray | None = None) -> int:
         """Warp then draw one token (the verifier-alone baseline). One uniform per call.
@@ -401,8 +363,8 @@ class NativeSampler:
             _addr(logits), logits.shape[0], self._n_vocab, mask, self._sp_p, self._rng_p,
             self._probs_p, self._work_p, self._tok_p,
         )
-        if st != _CG_OK:
-            _raise(st, "cg_warp_sample")
+        if st != CG_OK:
+            raise_status(st, "cg_warp_sample")
         return self._tok.value
 
     def draft(self, logits: np.ndarray, probs_out: np.ndarray, *,
@@ -428,8 +390,8 @@ class NativeSampler:
             _addr(logits), logits.shape[0], self._n_vocab, mask, self._sp_p, self._rng_p,
             _addr(probs_out), self._work_p, self._tok_p,
         )
-        if st != _CG_OK:
-            _raise(st, "cg_warp_sample")
+        if st != CG_OK:
+            raise_status(st, "cg_warp_sample")
         return self._tok.value
 
     # -- verification -------------------------------------------------------------------------
@@ -503,8 +465,8 @@ class NativeSampler:
             dp, _addr(draft_tokens), _addr(verifier_logits), mask, k, n_vocab,
             self._sp_p, self._ap_p, self._rng_p, self._work_p, self._res_p,
         )
-        if st != _CG_OK:
-            _raise(st, "cg_verify")
+        if st != CG_OK:
+            raise_status(st, "cg_verify")
         r = self._res
         return StepResult(r.n_accepted, r.next_token, r.n_evaluated, r.kl_sum, r.kl_max,
                           r.output_kl_sum, r.output_kl_max, r.delta_sum)
@@ -538,8 +500,8 @@ class NativeSampler:
         st = _emitted_law(0 if draft_probs is None else _addr(draft_probs),
                           0 if token is None else int(token), _addr(verifier_probs), n_vocab,
                           self._ap_p, self._work_p, _addr(probs), ctypes.addressof(law))
-        if st != _CG_OK:
-            _raise(st, "cg_emitted_law")
+        if st != CG_OK:
+            raise_status(st, "cg_emitted_law")
         return Law(probs, law.kl, law.acceptance, law.delta)
 
     # -- randomness ---------------------------------------------------------------------------
