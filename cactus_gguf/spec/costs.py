@@ -3,8 +3,9 @@
 ``measure_forward_costs`` times single ``llama_decode`` calls (the benchmark reports them too);
 ``forward_costs`` gives the auto policy a ForwardCosts for an engine: from the cache file
 ``<cache_dir>/forward-costs.json`` when this machine has probed these models with this build,
-thread count and context size before, else from a short probe (well under 3 s for the default
-pair on 2 cores) that is then cached.
+thread count and context size before, else from a short probe that is then cached (each model
+prefills a 32-token context once, then every batch size is decoded twice on top of it and the
+second time kept: online correction refines it).
 """
 from __future__ import annotations
 
@@ -36,26 +37,30 @@ def measure_forward_costs(engine, context_tokens: Sequence[int],
     """
     ctx_tokens = list(context_tokens)
 
-    def probe(model, n: int) -> float:
+    def probe(model, sizes: list[int]) -> dict[str, float]:
+        """Prefill the context once, then time each batch size on top of it."""
         model.clear()
         model.decode(ctx_tokens, n_logits=1)
         base = model.n_past
-        batch = (ctx_tokens * (n // len(ctx_tokens) + 1))[-n:]
-        times = []
-        for _ in range(repeats + 1):  # the first call warms this batch shape up: discarded
-            t0 = time.perf_counter()
-            model.decode(batch, n_logits=n)
-            times.append((time.perf_counter() - t0) * 1e3)
-            model.truncate(base)
+        out = {}
+        for n in sizes:
+            batch = (ctx_tokens * (n // len(ctx_tokens) + 1))[-n:]
+            times = []
+            for _ in range(repeats + 1):  # the first call warms this batch shape up: discarded
+                t0 = time.perf_counter()
+                model.decode(batch, n_logits=n)
+                times.append((time.perf_counter() - t0) * 1e3)
+                model.truncate(base)
+            out[str(n)] = float(statistics.median(times[1:]))
         model.clear()
-        return float(statistics.median(times[1:]))
+        return out
 
     sizes = sorted({1} | {k + 1 for k in ks})
     out: dict[str, Any] = {"repeats": repeats, "n_context": len(ctx_tokens),
-                           "verifier": {str(n): probe(engine.verifier, n) for n in sizes},
+                           "verifier": probe(engine.verifier, sizes),
                            "draft": {}, "draft_over_verifier": None}
     if engine.draft is not None:
-        out["draft"]["1"] = probe(engine.draft, 1)
+        out["draft"] = probe(engine.draft, [1])
         out["draft_over_verifier"] = out["draft"]["1"] / out["verifier"]["1"]
     return out
 
@@ -96,8 +101,8 @@ def forward_costs(engine, k_max: int, cache_dir: Path | None) -> tuple[ForwardCo
         if isinstance(hit, dict) and "verify" in hit and "draft" in hit:
             return ForwardCosts({int(b): s for b, s in hit["verify"].items()}, hit["draft"]), True
     room = min(engine.verifier.n_ctx, engine.draft.n_ctx) - (k_max + 1)
-    tokens = engine.tokenize("def probe(x):\n    return x * 2 + 1\n" * 4)[:max(1, min(48, room))]
-    ms = measure_forward_costs(engine, tokens, probe_sizes(k_max), repeats=2)
+    tokens = engine.tokenize("def probe(x):\n    return x * 2 + 1\n" * 4)[:max(1, min(32, room))]
+    ms = measure_forward_costs(engine, tokens, probe_sizes(k_max), repeats=1)
     costs = ForwardCosts({int(n): v / 1e3 for n, v in ms["verifier"].items()},
                          ms["draft"]["1"] / 1e3)
     if path is not None:
