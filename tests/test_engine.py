@@ -145,7 +145,8 @@ def test_a_caller_that_will_not_wait_gets_engine_busy(engine):
         engine.generate(PROMPTS[1], n_predict=5, wait=False)
     release.set()
     t.join(60)
-    assert engine.generate(PROMPTS[1], n_predict=5, wait=False).stats.n_tokens == 5
+    # seeded: an unseeded tiny model can sample its end-of-generation token within 5 tokens
+    assert engine.generate(PROMPTS[1], n_predict=5, seed=3, wait=False).stats.n_tokens == 5
 
 
 def test_interleaved_streams_and_a_generate_in_between_keep_their_own_text(engine):
