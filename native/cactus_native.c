@@ -1503,15 +1503,17 @@ static cg_wlist cactus_law(const float *p, int32_t n, const float *q, int32_t n_
 #define CG_OUTPUT_STEPS 20
 
 static double output_delta(const float *p, int32_t n, const float *q, int32_t n_vocab,
-                           const cg_accept_params *ap, const cg_ws *ws)
+                           const cg_accept_params *ap, const cg_ws *ws, double *kl_used)
 {
     double kl;
     double acc;
+    *kl_used = 0.0; /* delta' = 0 is SpS: KL 0 */
     if (ap->delta == 0.0) {
         return 0.0;
     }
     cactus_law(p, n, q, n_vocab, ap->delta, ap->solver, ws, &kl, &acc);
     if (kl <= ap->delta) {
+        *kl_used = kl;
         return ap->delta;
     }
     double lo = 0.0;
@@ -1521,6 +1523,7 @@ static double output_delta(const float *p, int32_t n, const float *q, int32_t n_
         cactus_law(p, n, q, n_vocab, mid, ap->solver, ws, &kl, &acc);
         if (kl <= ap->delta) {
             lo = mid;
+            *kl_used = kl; /* the law at the delta' returned: no need to evaluate it again */
         } else {
             hi = mid;
         }
@@ -1627,7 +1630,8 @@ cg_status cg_emitted_law(const float *p, int32_t token, const float *q, int32_t 
     const cg_ws ws = ws_carve(work, n_vocab);
     double delta = ap->delta;
     if (ap->method == CG_METHOD_CACTUS && ap->budget == CG_BUDGET_OUTPUT) {
-        delta = output_delta(p, token, q, n_vocab, ap, &ws);
+        double kl_used;
+        delta = output_delta(p, token, q, n_vocab, ap, &ws, &kl_used);
     }
     const rule_set rs = rule_set_of(q, n_vocab, ap, &ws);
     position_law(p, token, q, n_vocab, ap, delta, &rs, &ws, law, out);
@@ -1685,16 +1689,17 @@ cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
         }
         const float *p = draft_probs ? draft_probs + (size_t)i * (size_t)n_vocab : NULL;
         const int32_t n = draft_tokens[i];
-        if (output_budget) {
-            at.delta = output_delta(p, n, q, n_vocab, ap, &ws);
-        }
+        double kl_out = 0.0; /* KL(P || q) of this position's emitted law */
         const rule_set rs = rule_set_of(q, n_vocab, ap, &ws);
-        if (has_law && !(ap->method == CG_METHOD_CACTUS && at.delta == 0.0)) { /* SpS: KL 0 */
+        if (output_budget) {
+            at.delta = output_delta(p, n, q, n_vocab, ap, &ws, &kl_out); /* its search has it */
+        } else if (has_law && !(ap->method == CG_METHOD_CACTUS && at.delta == 0.0)) { /* SpS: 0 */
             cg_law law;
             position_law(p, n, q, n_vocab, &at, at.delta, &rs, &ws, NULL, &law);
-            out->output_kl_sum += law.kl;
-            out->output_kl_max = law.kl > out->output_kl_max ? law.kl : out->output_kl_max;
+            kl_out = law.kl;
         }
+        out->output_kl_sum += kl_out;
+        out->output_kl_max = kl_out > out->output_kl_max ? kl_out : out->output_kl_max;
         out->delta_sum += ap->method == CG_METHOD_CACTUS ? at.delta : 0.0;
         position_outcome o;
         evaluate_position(q, p, n, n_vocab, &at, &rs, &ws, rng, &o);

@@ -13,7 +13,7 @@ split: draft (draft model forwards and sampling), verify (verifier forwards), ac
 acceptance step), other (everything else in the decode loop: Python overhead, detokenization).
 
 Modules: ``grid`` (configurations) · ``prompts`` · ``scoring`` (HumanEval pass@1) · ``summary``
-(statistics, pure functions) · ``probe`` (forward costs) · ``run`` (plan and run) · ``report``
+(statistics, pure functions) · ``run`` (plan and run; forward costs from spec/costs.py) · ``report``
 (table, JSON) · ``plot`` · ``kernels`` (native-kernel micro-benchmark). The CLI
 (``cactus-gguf bench``) only parses options and prints.
 """

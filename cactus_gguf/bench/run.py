@@ -21,7 +21,7 @@ from ..errors import InputError
 from ..llama.hw import build_facts, default_threads, machine_facts
 from ..options import LoadOptions, Request, check_value, options_in, validate_pairing
 from .grid import config_grid, default_methods, needs_draft_model, request_for, schedule
-from .probe import measure_forward_costs
+from ..spec.costs import measure_forward_costs
 from .prompts import (HUMANEVAL_INSTRUCTION, BenchPrompt, load_humaneval, load_prompts_jsonl,
                       render_prompt)
 from .scoring import check_completion, extract_completion

@@ -239,18 +239,21 @@ class Context:
         llama_cpp.llama_memory_clear(self.memory, True)
         self.tokens.clear()
 
+    def shared_prefix(self, target: Sequence[int]) -> int:
+        """How many leading tokens of ``target`` the cache already holds."""
+        held, n = self.tokens, 0
+        limit = min(len(held), len(target))
+        while n < limit and held[n] == target[n]:
+            n += 1
+        return n
+
     def sync(self, target: Sequence[int], *, reuse: bool = True) -> int:
         """Make the cache hold exactly ``target``, reusing the longest common prefix of what it
         holds (``reuse``; else from empty) and decoding only the rest, without logits.
 
         Returns the number of tokens reused (not decoded again). Raises DecodeError as decode.
         """
-        held = self.tokens
-        n = 0
-        if reuse:
-            limit = min(len(held), len(target))
-            while n < limit and held[n] == target[n]:
-                n += 1
+        n = self.shared_prefix(target) if reuse else 0
         if n == 0:
             self.clear()
         else:

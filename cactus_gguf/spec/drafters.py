@@ -72,11 +72,8 @@ class ModelDrafter:
             self.ctx.clear()
             return None
         if lazy:
-            held, target = self.ctx.tokens, prompt[:-1]
-            n = 0
-            while reuse and n < min(len(held), len(target)) and held[n] == target[n]:
-                n += 1
-            return self.ctx.sync(target[:n], reuse=True)
+            n = self.ctx.shared_prefix(prompt[:-1]) if reuse else 0
+            return self.ctx.sync(prompt[:n], reuse=True)
         return self.ctx.sync(prompt[:-1], reuse=reuse)
 
     def resync(self, committed: Sequence[int]) -> bool:

@@ -207,14 +207,16 @@ class CostAwareDraftLength:
 
     # -- the rule ---------------------------------------------------------------------------------
 
-    def _rate(self, accept: list[float]) -> list[float]:
-        """E_j / T_j for j = 0 .. len(accept) (j = 0: the verifier alone)."""
+    def _rate(self, accept: list[float], sunk: float | None = None) -> list[float]:
+        """E_j / T_j for j = 0 .. len(accept) (j = 0: the verifier alone), T_j = j c_d +
+        c_v(j + 1); with ``sunk`` (drafts already paid for) T_j = sunk + c_v(j + 1)."""
         c = self.costs
-        rates, e, a_run = [1.0 / c.verify(1)], 1.0, 1.0
+        draft = (lambda j: sunk) if sunk is not None else (lambda j: j * c.draft)
+        rates, e, a_run = [1.0 / (draft(0) + c.verify(1))], 1.0, 1.0
         for j, a in enumerate(accept, 1):
             a_run *= a
             e += a_run
-            rates.append(e / (j * c.draft + c.verify(j + 1)))
+            rates.append(e / (draft(j) + c.verify(j + 1)))
         return rates
 
     def _pays(self, m: float, margin: float = 1.0) -> bool:
@@ -267,14 +269,7 @@ class CostAwareDraftLength:
             return self._kept
         # the n drafts are paid for whichever prefix is verified: rate_i = E_i / (n c_d + c_v(i+1))
         accept = [self.acceptance.estimate(p) for p in self._p[:n_drafted]]
-        sunk = n_drafted * self.costs.draft
-        e, a_run, best, best_rate = 1.0, 1.0, 0, 1.0 / (sunk + self.costs.verify(1))
-        for i, a in enumerate(accept, 1):
-            a_run *= a
-            e += a_run
-            rate = e / (sunk + self.costs.verify(i + 1))
-            if rate > best_rate:
-                best, best_rate = i, rate
+        best = int(np.argmax(self._rate(accept, sunk=n_drafted * self.costs.draft)))
         self._kept = best if best >= self.draft_min else 0
         return self._kept
 
