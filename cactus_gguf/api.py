@@ -17,7 +17,7 @@ from .options import BY_NAME, LoadOptions, Request, options_in, validate_pairing
 from .stats import GenerationResult
 
 __all__ = ["RunPlan", "ServePlan", "plan_run", "plan_serve", "open_engine", "execute_run",
-           "result_json", "choose_pair", "settle", "Interrupted"]
+           "result_json", "choose_pair", "settle", "read_file_options", "Interrupted"]
 
 
 class Interrupted(KeyboardInterrupt):
@@ -119,12 +119,43 @@ def read_prompt(prompt: str | None, file: str | None) -> str:
     return text
 
 
+def _looks_like_text(name: str, value: str) -> bool:
+    """Whether a file-or-text option's value is the text itself rather than a file name."""
+    if "\n" in value:
+        return True
+    v = value.strip()
+    if name == "json_schema":
+        return v[:1] in ("{", "[", '"') or v in ("true", "false")
+    return "::=" in v
+
+
+def read_file_options(values: dict[str, Any]) -> dict[str, Any]:
+    """Replace, in ``values`` (option name -> value), each file-or-text option's value that names
+    a file (``--grammar g.gbnf``, ``--json-schema s.json``) by the file's UTF-8 text; the text
+    itself stays. Raises InputError naming the option for a missing or unreadable file."""
+    for o in BY_NAME.values():
+        value = values.get(o.name)
+        if not o.file_or_text or not isinstance(value, str) or _looks_like_text(o.name, value):
+            continue
+        try:
+            values[o.name] = Path(value).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InputError(f"{{{o.name}}}: file not found: {value} (give a file, or the text "
+                             "itself)", param=o.name) from None
+        except UnicodeDecodeError:
+            raise InputError(f"{{{o.name}}}: {value} is not UTF-8 text", param=o.name) from None
+        except OSError as e:
+            raise InputError(f"{{{o.name}}}: cannot read {value}: {e.strerror}",
+                             param=o.name) from None
+    return values
+
+
 def _plan(given: Mapping[str, Any], command: str) -> tuple[RunPlan, dict[str, Any]]:
     """The models, load options and default Request of ``command`` (run or serve), validated;
     the prompt not read yet. Returns (plan, every option's settled value)."""
     pair, verifier, draft = choose_pair(given.get("pair"), given.get("model"),
                                         given.get("model_draft"))
-    values = settle(given, pair, command)
+    values = read_file_options(settle(given, pair, command))
     if values["drafter"] == "ngram" and pair is not None:
         draft = None
     if verifier is None:
@@ -238,6 +269,9 @@ def result_json(result: GenerationResult, plan: RunPlan) -> dict:
         "typical_epsilon": r.typical_epsilon if method == "typical" else None,
         "typical_alpha": r.typical_alpha if method == "typical" else None,
         "accept_top_k": r.accept_top_k if method == "topk" else None,
+        "grammar": r.grammar,
+        "json_schema": r.json_schema,
+        "json_object": r.json_object,
         "draft_min": r.draft_min,
         "draft_p_min": r.draft_p_min,
         "seed": result.seed,

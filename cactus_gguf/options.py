@@ -14,7 +14,8 @@ Scopes: ``load`` (an engine's models and contexts), ``request`` (one generation:
 rule, draft length, drafter, n_predict, stop strings, seed) and ``run`` (what only the ``run`` command
 has: which models, the prompt, output format).
 
-This module imports nothing of the package: every layer may use it.
+This module imports nothing of the package at import time, so every layer may use it (a request's
+grammar is compiled through sampling/constraints.py, imported when one is given).
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from typing import Any, Callable, Iterable, Mapping
 from .errors import InputError
 
 __all__ = ["Option", "OPTIONS", "LoadOptions", "Request", "options_in", "default", "check_value",
-           "validate_pairing", "markdown_table", "METHODS", "SOLVERS", "BUDGETS", "DRAFTERS"]
+           "validate_pairing", "markdown_table", "constraint_of", "normalize_json_schema",
+           "CONSTRAINTS", "METHODS", "SOLVERS", "BUDGETS", "DRAFTERS"]
 
 # The acceptance rules (index = the C helper's cg_method; "none" = no speculation, the verifier alone).
 METHODS = ("sps", "cactus", "typical", "topk", "greedy")
@@ -101,6 +103,9 @@ class Option:
     recommend: a registry pair may recommend a value (applied when the user sets none).
     grid: ``bench`` sweeps it as a comma-separated list (``--k 4,8``).
     multiple: a tuple of values, the flag repeatable (``--stop``).
+    file_or_text: on the command line the value may name a file holding it (read as UTF-8 before
+        anything loads; api.read_file_options); the API and the server take the text itself.
+    normalize: applied to a value before it is checked (e.g. a JSON Schema dict -> JSON text).
     """
 
     name: str
@@ -119,6 +124,8 @@ class Option:
     shown_default: str | None = None
     commands: frozenset[str] = frozenset({"run", "bench", "serve"})
     command_defaults: Mapping[str, Any] = field(default_factory=dict)
+    file_or_text: bool = False
+    normalize: Callable[[Any], Any] | None = None
 
     @property
     def flag(self) -> str:
@@ -152,6 +159,27 @@ class Option:
         if self.range is not None and not self.range.contains(value):
             return f"must be {self.range.describe()}, got {_num(value)}"
         return None
+
+
+def normalize_json_schema(value: Any) -> Any:
+    """A JSON Schema as a dict / bool or as JSON text -> compact JSON text, properties in the
+    order given (the output follows it; None stays None).
+    Raises InputError (param json_schema) for text that is not JSON or a non-object schema."""
+    import json
+
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{{json_schema}} is not valid JSON ({e.msg} at line {e.lineno} "
+                             f"column {e.colno}): give a JSON Schema object",
+                             param="json_schema") from None
+    if not isinstance(value, (dict, bool)):
+        raise InputError(f"{{json_schema}} must be a JSON Schema object, got "
+                         f"{type(value).__name__}", param="json_schema")
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)  # key order matters
 
 
 def _is_number(x: Any, integral: bool) -> bool:
@@ -261,6 +289,17 @@ OPTIONS: tuple[Option, ...] = (
            command_defaults={"bench": 0}),
     Option("stop", str, (), "stop string (repeatable); never printed", ("--stop",), multiple=True,
            metavar="TEXT", shown_default="", commands=_GEN),
+    Option("grammar", str, None, "constrain the output to a GBNF grammar (llama.cpp's format): "
+           "the grammar text or a `.gbnf` file; the draft, the acceptance test, the residual and "
+           "the bonus token all see only the tokens it allows (README \"Structured output\")",
+           ("--grammar", "--grammar-file"), optional=True, metavar="GBNF", shown_default="none",
+           file_or_text=True),
+    Option("json_schema", str, None, "constrain the output to JSON valid under a JSON Schema: "
+           "its JSON text or a `.json` file (API: also a dict)",
+           ("-j", "--json-schema", "--json-schema-file"), optional=True, metavar="SCHEMA",
+           shown_default="none", file_or_text=True, normalize=normalize_json_schema),
+    Option("json_object", bool, False, "constrain the output to a JSON object (any keys)",
+           ("--json-object",)),
     Option("cache_prompt", bool, True, "reuse the longest common prefix of the KV caches from the "
            "previous request (llama-server's `cache_prompt`)", (), commands=frozenset()),
     # -- load: the engine's models and contexts --------------------------------------------------
@@ -368,6 +407,9 @@ def _make(cls_name: str, scope: str, doc: str, post_init: Callable[[Any], None])
     def __post_init__(self) -> None:
         for o in opts:
             value = getattr(self, o.name)
+            if o.normalize is not None:
+                value = o.normalize(value)
+                object.__setattr__(self, o.name, value)
             if o.multiple:  # one string is one value (as llama-cpp-python's stop); None is none
                 value = ((value,) if isinstance(value, str) else () if value is None
                          else tuple(value) if isinstance(value, list) else value)
@@ -413,6 +455,25 @@ def _check_request(r) -> None:
     if r.ngram_min > r.ngram_max:
         raise InputError(f"n-gram sizes must satisfy {{ngram_min}} <= {{ngram_max}}, got "
                          f"{r.ngram_min} > {r.ngram_max}", param="ngram_min", options=("ngram_max",))
+    constraint_of(r)  # compiles (and caches) the grammar: a bad one is refused before any load
+
+
+CONSTRAINTS = ("grammar", "json_schema", "json_object")  # the Request fields that constrain output
+
+
+def constraint_of(r):
+    """The request's output constraint as a compiled, validated GrammarSpec
+    (sampling/constraints.py), or None. Raises InputError for two constraints at once or an
+    invalid grammar / schema (llguidance's reason)."""
+    given = [name for name in CONSTRAINTS if getattr(r, name) not in (None, False)]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise InputError(f"give one output constraint, not {{{given[0]}}} and {{{given[1]}}}",
+                         param=given[1], options=(given[0],))
+    from .sampling.constraints import grammar_spec
+
+    return grammar_spec(given[0], getattr(r, given[0]) if given[0] != "json_object" else "")
 
 
 Request = _make("Request", "request",

@@ -31,7 +31,8 @@ class GenerationStats:
     generation (None: it never did), for ``draft_stop_reason`` ("prompt does not fit the draft's
     context", "draft context full", "a token the draft's vocabulary lacks").
     ``decode_seconds`` excludes prompt processing (``prefill_seconds``: both models' prompt
-    decodes).
+    decodes). ``grammar_seconds``: time in the grammar engine (masks, advances, rollbacks) of a
+    constrained generation, inside draft and accept time; ``grammar_ms_per_token`` per emitted token.
     """
 
     n_prompt_tokens: int = 0
@@ -56,6 +57,7 @@ class GenerationStats:
     verify_seconds: float = 0.0
     accept_seconds: float = 0.0
     decode_seconds: float = 0.0
+    grammar_seconds: float = 0.0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -104,6 +106,11 @@ class GenerationStats:
         return self.delta_sum / self.n_evaluated if self.n_evaluated else 0.0
 
     @property
+    def grammar_ms_per_token(self) -> float:
+        """Grammar-engine milliseconds per emitted token (0 unconstrained)."""
+        return 1e3 * self.grammar_seconds / self.n_tokens if self.n_tokens else 0.0
+
+    @property
     def other_seconds(self) -> float:
         """Decode time outside the model calls and the native acceptance step: loop overhead."""
         return max(0.0, self.decode_seconds - self.draft_seconds - self.verify_seconds
@@ -111,7 +118,7 @@ class GenerationStats:
 
     DERIVED = ("mean_accepted_length", "acceptance_rate", "mean_drafted_length",
                "tokens_per_verifier_call", "tokens_per_second", "kl_mean", "output_kl_mean",
-               "delta_mean", "other_seconds")
+               "delta_mean", "grammar_ms_per_token", "other_seconds")
 
     def as_dict(self) -> dict:
         """Every counter and derived figure, JSON-ready."""

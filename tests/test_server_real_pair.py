@@ -53,3 +53,33 @@ def test_a_chat_turn_reuses_the_previous_turns(real_server):
     reused = second.model_extra["speculative"]["prompt_tokens_reused"]
     assert reused >= first.usage.prompt_tokens  # the first turn's prompt, at least
     assert second.usage.prompt_tokens_details.cached_tokens == reused
+
+
+def test_response_format_json_schema_through_the_openai_client(real_server):
+    """OpenAI's response_format (json_schema, then json_object) and llama-server's grammar field:
+    valid output, streaming and not, speculation still accepting drafts."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {
+        "city": {"type": "string"}, "population_millions": {"type": "number", "minimum": 0}},
+        "required": ["city", "population_millions"], "additionalProperties": False}
+    c = client(real_server)
+    model = c.models.list().data[0].id
+    msg = [{"role": "user", "content": "Give the largest city of Japan and its population as JSON."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}}
+    for seed in (1, 2):
+        r = c.chat.completions.create(model=model, messages=msg, max_tokens=60, seed=seed,
+                                      response_format=fmt)
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+        assert r.model_extra["speculative"]["acceptance_rate"] > 0.3
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+            model=model, messages=msg, max_tokens=60, seed=seed, response_format=fmt,
+            stream=True))
+        assert streamed == r.choices[0].message.content
+    r = c.chat.completions.create(model=model, messages=msg, max_tokens=60, seed=3,
+                                  response_format={"type": "json_object"})
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    r = c.completions.create(model=model, prompt="The answer (yes or no) is:", max_tokens=5,
+                             extra_body={"grammar": 'root ::= " yes" | " no"'})
+    assert r.choices[0].text in (" yes", " no") and r.choices[0].finish_reason == "stop"

@@ -77,11 +77,11 @@ def plan_bench(given: Mapping[str, Any], *, warmup: bool = True) -> BenchPlan:
 
     Raises InputError (one line, ``param`` = the option at fault).
     """
-    from ..api import choose_pair, settle
+    from ..api import choose_pair, read_file_options, settle
 
     pair, verifier, draft = choose_pair(given.get("pair"), given.get("model"),
                                         given.get("model_draft"))
-    values = settle(given, pair, "bench")
+    values = read_file_options(settle(given, pair, "bench"))
     if verifier is None:
         raise InputError("no verifier model: give VERIFIER (a .gguf path or a registry name)",
                          param="model")

@@ -6,6 +6,7 @@ import logging
 import click
 
 from ..errors import CactusError
+from ..options import CONSTRAINTS
 from . import fail, model_command, report_error
 from .params import given
 
@@ -31,6 +32,9 @@ def summary(result, request) -> str:
         if s.draft_stopped_at is not None:
             parts.append(f"drafting stopped at token {s.draft_stopped_at} ({s.draft_stop_reason}): "
                          "the verifier alone after it")
+    constraint = next((n for n in CONSTRAINTS if getattr(request, n) not in (None, False)), None)
+    if constraint is not None:
+        parts.append(f"{constraint.replace('_', ' ')}: {s.grammar_ms_per_token:.3f} ms/token masks")
     stop = result.stop_reason + (f" ({result.message})" if result.message else "")
     parts.append(f"stop: {stop}")
     parts.append(f"seed {result.seed}")

@@ -4,11 +4,13 @@ Field names are OpenAI's (``max_tokens``, ``max_completion_tokens``, ``stop``, `
 ``stream_options``...) plus llama.cpp's extensions (``top_k``, ``min_p``, ``cache_prompt``) and
 cactus-gguf's ``speculative`` object (``method``, ``delta``, ``solver``, ``budget``, ``k``,
 ``draft_policy``, ``drafter``; or
-``false``: the verifier alone for this request). Values are validated by the one options schema
-(options.py), so the server accepts exactly what ``cactus-gguf run`` accepts; an error names the
-field as the client wrote it. Fields that would change what a response means and that this server
-does not implement (tools, logprobs, response_format, penalties, several choices) are refused with
-a 400, never silently ignored.
+``false``: the verifier alone for this request). Structured output: OpenAI's ``response_format``
+(``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"schema": {...}}}``) and
+llama-server's ``grammar`` (GBNF) and ``json_schema`` fields. Values are validated by the one options
+schema (options.py), so the server accepts exactly what ``cactus-gguf run`` accepts; an error names
+the field as the client wrote it. Fields that would change what a response means and that this
+server does not implement (tools, logprobs, penalties, several choices) are refused with a 400,
+never silently ignored.
 """
 from __future__ import annotations
 
@@ -33,6 +35,25 @@ class Speculative(BaseModel):
     k: int | None = None
     draft_policy: str | None = None
     drafter: str | None = None
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's ``response_format.json_schema``: ``schema`` is the JSON Schema (``name``,
+    ``description`` and ``strict`` are accepted; the output always follows the schema)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    strict: bool | None = None
+    schema_: Union[dict[str, Any], bool, None] = Field(default=None, alias="schema")
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text`` (no constraint), ``json_object``, ``json_schema``."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class StreamOptions(BaseModel):
@@ -71,6 +92,9 @@ class _Common(BaseModel):
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     logprobs: Union[bool, int, None] = None
+    response_format: ResponseFormat | None = None
+    grammar: str | None = None  # llama-server's: GBNF text
+    json_schema: Union[dict[str, Any], bool, None] = None  # llama-server's: a JSON Schema
 
 
 class ChatCompletionRequest(_Common):
@@ -89,8 +113,7 @@ class CompletionRequest(_Common):
 # Fields that change a response's meaning and are not implemented: refused, not ignored.
 _REFUSED = {
     "tools": "tool calls", "tool_choice": "tool calls", "functions": "function calls",
-    "function_call": "function calls", "response_format": "structured output (response_format)",
-    "audio": "audio output", "modalities": "output modalities", "prediction": "predicted outputs",
+    "function_call": "function calls", "audio": "audio output", "modalities": "output modalities", "prediction": "predicted outputs",
 }
 
 
@@ -99,8 +122,7 @@ def unsupported(body: _Common) -> tuple[str, str] | None:
     extra = body.model_extra or {}
     for name, what in _REFUSED.items():
         value = extra.get(name)
-        if value is not None and value != [] and not (name == "response_format" and isinstance(
-                value, dict) and value.get("type") == "text"):
+        if value is not None and value != []:
             return name, f"{what} are not supported by this server" if what.endswith("s") else \
                 f"{what} is not supported by this server"
     if body.n != 1:
@@ -134,7 +156,36 @@ def openai_param(option: str | None, body: _Common | None = None) -> str | None:
     if option == "n_predict" and isinstance(body, ChatCompletionRequest) and \
             body.max_completion_tokens is not None:
         return "max_completion_tokens"
+    if option in ("json_schema", "json_object") and body is not None and \
+            body.response_format is not None:
+        return "response_format"
     return _OPENAI_NAMES.get(option, option) if option else None
+
+
+def constraint_fields(body: _Common) -> dict[str, Any]:
+    """The Request's output-constraint fields a body sets (all three, so a request's constraint
+    replaces the server's default one); {} when the body names none. InputError for a
+    ``json_schema`` response_format without its schema, or two constraints at once."""
+    given = {}
+    rf = body.response_format
+    if rf is not None:
+        if rf.type == "json_object":
+            given["json_object"] = True
+        elif rf.type == "json_schema":
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise InputError('response_format of type "json_schema" needs '
+                                 '"json_schema": {"schema": {...}}', param="response_format")
+            given["json_schema"] = rf.json_schema.schema_
+    if body.grammar is not None:
+        given["grammar"] = body.grammar
+    if body.json_schema is not None:
+        given["json_schema"] = body.json_schema
+    if len(given) > 1 or (rf is not None and rf.type != "text" and body.json_schema is not None):
+        raise InputError("give one output constraint: response_format, grammar or json_schema",
+                         param="response_format" if rf is not None else "grammar")
+    if not given and rf is None:
+        return {}
+    return {"grammar": None, "json_schema": None, "json_object": False, **given}
 
 
 def overrides(body: _Common) -> dict[str, Any]:
@@ -157,6 +208,7 @@ def overrides(body: _Common) -> dict[str, Any]:
         out.update({k: v for k, v in spec.model_dump().items() if v is not None})
     elif spec is True or spec is None:
         pass
+    out.update(constraint_fields(body))
     return out
 
 

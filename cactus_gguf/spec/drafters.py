@@ -15,7 +15,8 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from ..llama import Context
-from ..sampling import NativeSampler
+from ..sampling import EmptyMaskError, NativeSampler
+from ..sampling.constraints import Constraint
 from .policy import DraftPolicy
 
 __all__ = ["Drafter", "ModelDrafter", "NgramDrafter"]
@@ -43,9 +44,12 @@ class Drafter(Protocol):
         """Why ``room`` is 0, in a few words (for the statistics)."""
 
     def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
-                probs: np.ndarray, tokens: np.ndarray) -> int:
+                probs: np.ndarray, tokens: np.ndarray, grammar: Constraint | None = None) -> int:
         """Draft up to ``k`` tokens into ``tokens`` (int32 [>=k]) and, unless deterministic, their
-        warped distributions into ``probs`` (float32 [>=k, V]); returns how many."""
+        warped distributions into ``probs`` (float32 [>=k, V]); returns how many. ``grammar``: a
+        sampling drafter samples each token under the grammar's current mask and pushes it (so
+        p is over the legal tokens, as q will be); the engine checks a deterministic drafter's
+        proposal afterwards."""
 
     def rollback(self, n_keep: int) -> None:
         """Forget state past the first ``n_keep`` committed tokens."""
@@ -99,13 +103,19 @@ class ModelDrafter:
         return "draft context full"
 
     def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
-                probs: np.ndarray, tokens: np.ndarray) -> int:
+                probs: np.ndarray, tokens: np.ndarray, grammar: Constraint | None = None) -> int:
         row = self.ctx.decode(committed[self.ctx.n_past:], n_logits=1)[0]
         n = 0
         for i in range(k):
-            d = sampler.draft(row[:self.n_logits], probs[i])
+            try:
+                d = sampler.draft(row[:self.n_logits], probs[i],
+                                  allowed=grammar.allowed() if grammar is not None else None)
+            except EmptyMaskError:  # the grammar allows only ids the draft's vocabulary lacks
+                break
             if policy.too_unsure(probs[i], d):
                 break  # the draft is unsure: verify what we have
+            if grammar is not None and not grammar.push(d):
+                break  # (never: d was sampled under the grammar's mask)
             tokens[i] = d
             n += 1
             if i == k - 1 or self.ctx.model.is_eog(d) or not policy.more(n):
@@ -143,7 +153,7 @@ class NgramDrafter:
         return ""  # it always has room
 
     def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
-                probs: np.ndarray, tokens: np.ndarray) -> int:
+                probs: np.ndarray, tokens: np.ndarray, grammar: Constraint | None = None) -> int:
         L = len(committed)
         for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
             pattern = committed[L - n:]

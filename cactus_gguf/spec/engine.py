@@ -36,8 +36,9 @@ import numpy as np
 
 from ..errors import ContextLengthError, EngineBusyError, InputError
 from ..llama import Context, ContextOptions, ModelOptions
-from ..options import LoadOptions, Request, validate_pairing
+from ..options import LoadOptions, Request, constraint_of, validate_pairing
 from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampling_params
+from ..sampling.constraints import Constraint, tokenizer_for
 from ..stats import GenerationResult
 from ..text import render_chat
 from .drafters import ModelDrafter, NgramDrafter
@@ -172,6 +173,7 @@ class Engine:
         self._draft_tokens = np.zeros(0, dtype=np.int32)  # grown by _buffers
         self._costs: ForwardCosts | None = None  # --draft-policy auto: probed on first use
         self._costs_k = 0
+        self._grammar_tokenizer = None  # llguidance's view of the vocabulary: on first use
 
     # -- lifetime ----------------------------------------------------------------------------------
 
@@ -323,7 +325,18 @@ class Engine:
         sampler = NativeSampler(ver.n_vocab, sampling_params(req),
                                 acceptance or AcceptanceParams(method="sps"), seed)
         return Session(tokens, req, seed, sampler, drafter, self._policy(req, drafter),
-                       n_ctx=ver.n_ctx)
+                       n_ctx=ver.n_ctx, constraint=self._constraint(req))
+
+    def _constraint(self, req: Request) -> Constraint | None:
+        """The grammar state of a constrained request (grammar, json_schema, json_object)."""
+        spec = constraint_of(req)
+        if spec is None:
+            return None
+        ver = self._live()
+        with self._lock:
+            if self._grammar_tokenizer is None:
+                self._grammar_tokenizer = tokenizer_for(ver.model)
+        return Constraint(spec, self._grammar_tokenizer, ver.n_vocab, ver.model.is_eog)
 
     def _policy(self, req: Request, drafter):
         """The draft-length policy: ``auto`` for the model drafter (n-gram drafts cost nothing to
@@ -400,7 +413,11 @@ class Engine:
             session.stop_drafting(drafter.why_no_room(committed))  # the verifier alone from here
             return 0
         k = min(k, room)
-        n = drafter.propose(committed, k, session.sampler, session.policy, probs, tokens)
+        grammar = session.constraint
+        n = drafter.propose(committed, k, session.sampler, session.policy, probs, tokens,
+                            grammar=grammar)
+        if grammar is not None and drafter.deterministic:
+            n = grammar.extend(tokens, n)  # up to the first drafted token the grammar refuses
         return session.policy.keep(n)  # too short to be worth a batched verification: 0
 
     def _step(self, session: Session) -> list[str]:
@@ -415,6 +432,9 @@ class Engine:
         # ... and the batch must fit one llama_decode: k <= n_batch - 1
         k = session.policy.draft_length(min(session.remaining - 1, room_v, ver.n_batch - 1))
         probs, tokens = self._buffers(max(k, 1))
+        grammar = session.constraint
+        if grammar is not None:
+            grammar.start(k)  # row 0: the committed output's mask
 
         td = time.perf_counter()
         n_drafted = self._draft(session, k, probs, tokens)
@@ -428,11 +448,14 @@ class Engine:
         stats.verify_seconds += ta - tv
 
         if session.request.method == "none":
-            n_acc, nxt = 0, session.sampler.sample(logits[0])
+            n_acc, nxt = 0, session.sampler.sample(
+                logits[0], allowed=grammar.allowed(0) if grammar is not None else None)
         else:
             deterministic = session.drafter is None or session.drafter.deterministic
             p = None if n_drafted == 0 or deterministic else probs[:n_drafted]
-            res = session.sampler.verify(p, tokens[:n_drafted], logits)
+            res = session.sampler.verify(
+                p, tokens[:n_drafted], logits,
+                allowed=grammar.rows(n_drafted) if grammar is not None else None)
             n_acc, nxt = res.n_accepted, res.next_token
             stats.n_evaluated += res.n_evaluated
             stats.kl_sum += res.kl_sum
@@ -440,6 +463,8 @@ class Engine:
             stats.output_kl_sum += res.output_kl_sum
             stats.output_kl_max = max(stats.output_kl_max, res.output_kl_max)
             stats.delta_sum += res.delta_sum
+        if grammar is not None:
+            grammar.commit(n_acc, nxt)  # drop the rejected drafts, advance by the emitted token
         stats.accept_seconds += time.perf_counter() - ta
         stats.n_steps += 1
         stats.n_drafted += n_drafted

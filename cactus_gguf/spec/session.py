@@ -39,11 +39,12 @@ class Session:
 
     prompt / committed: token ids (committed = prompt + every emitted token); out_tokens: the
     emitted ids. sampler: the NativeSampler (owns this generation's RNG). drafter: None when the
-    verifier decodes alone (method none, or the draft cannot follow any more).
+    verifier decodes alone (method none, or the draft cannot follow any more). constraint: the
+    grammar state of a constrained request (sampling/constraints.py), or None.
     """
 
     def __init__(self, prompt: Sequence[int], request, seed: int, sampler, drafter: Drafter | None,
-                 policy: DraftPolicy, n_ctx: int = 0) -> None:
+                 policy: DraftPolicy, n_ctx: int = 0, constraint=None) -> None:
         self.request = request
         self.n_ctx = n_ctx
         self.seed = seed
@@ -53,6 +54,7 @@ class Session:
         self.sampler = sampler
         self.drafter = drafter
         self.policy = policy
+        self.constraint = constraint  # the grammar state (sampling/constraints.py), or None
         self.stats = GenerationStats(n_prompt_tokens=len(prompt))
         self.text = TextStream(request.stop)
         self.stop_reason, self.message = "length", ""
@@ -111,6 +113,8 @@ class Session:
         """Close the generation: release the held text and build ``result``."""
         tail = self.text.finish() if self.stop_reason != "interrupted" else ""
         self.stats.decode_seconds = time.perf_counter() - self.t_start
+        if self.constraint is not None:
+            self.stats.grammar_seconds = self.constraint.seconds
         self.stats.n_tokens = len(self.out_tokens)
         if self.stop_reason == "length" and not self.message:
             n_predict = self.request.n_predict
