@@ -354,6 +354,10 @@ OPTIONS: tuple[Option, ...] = (
            "its ceiling), typical, topk, ngram, ngram-cactus",
            ("--configs",), scope="bench", grid=True, optional=True,
            shown_default="none,sps,cactus,typical,ngram", commands=_BENCH),
+    Option("schema", str, "both", "prompts that carry a `json_schema` (structured-output sets): "
+           "run each configuration unconstrained (`off`), constrained by the schema (`on`: the "
+           "`+schema` rows) or `both`", ("--schema",), scope="bench", choices=("both", "on", "off"),
+           commands=_BENCH),
     Option("timeout", float, 5.0, "seconds allowed per pass@1 test run", ("--timeout",),
            scope="bench", range=Range(lo=0.0, lo_open=True), metavar="S", commands=_BENCH),
     Option("forward_repeats", int, 10, "repeats of each forward-cost probe", ("--forward-repeats",),

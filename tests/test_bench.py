@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from cactus_gguf import bench
 from cactus_gguf.cli import main
+from cactus_gguf.errors import InputError
 from cactus_gguf.spec import Engine
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -281,3 +282,43 @@ def test_cactus_output_configurations_set_the_output_budget():
     from cactus_gguf.options import Request
     assert bench.request_for(Request(), grid[1]).budget == "output"
     assert bench.request_for(Request(budget="output"), grid[0]).budget == "target"
+
+
+# -- structured output ------------------------------------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}},
+          "required": ["n"], "additionalProperties": False}
+
+
+def test_json_valid_checks_the_schema_and_unwraps_one_code_block():
+    text = json.dumps(SCHEMA)
+    assert bench.scoring.json_valid('{"n": 4}', text)
+    assert bench.scoring.json_valid('```json\n{"n": 4}\n```', text)
+    assert not bench.scoring.json_valid('{"n": 2}', text)            # below the minimum
+    assert not bench.scoring.json_valid('{"n": 4, "m": 1}', text)    # an extra property
+    assert not bench.scoring.json_valid('Here it is: {"n": 4}', text)
+    assert not bench.scoring.json_valid('{"n": 4', text)
+
+
+def test_a_structured_prompt_set_runs_with_and_without_its_schema(tiny_pair, tmp_path):
+    ver, dft = tiny_pair
+    f = tmp_path / "json.jsonl"
+    f.write_text("\n".join(json.dumps({"id": f"p{i}", "prompt": "the cat", "json_schema": SCHEMA})
+                           for i in range(2)) + "\n", encoding="utf-8")
+    plan = bench.plan_bench(dict(model=str(ver), model_draft=str(dft), prompts=str(f),
+                                 configs=("none", "sps"), k=(3,), n_predict=40, n_threads=1,
+                                 n_ctx=256, temperature=1.0, top_k=8), warmup=False)
+    assert [c["id"] for c in plan.configs] == ["none", "sps-k3", "none-schema", "sps-k3-schema"]
+    report = bench.run_bench(plan, progress=False)
+    by = {s["config"]: s for s in report["summary"]}
+    for r in report["runs"]:
+        assert r["valid"] is not None
+        if r["config"].endswith("-schema") and r["stop_reason"] == "eos":
+            assert r["valid"] and json.loads(r["text"])["n"] >= 3
+    # random weights never write JSON unconstrained; under the schema every finished answer is
+    assert by["none"]["valid_rate"] == 0.0 and by["none"]["grammar_ms_per_token"] is None
+    assert by["sps-k3-schema"]["grammar_ms_per_token"] > 0 and by["sps-k3-schema"]["n_checked"] == 2
+    assert any("valid" in line for line in bench.format_table(report))
+    with pytest.raises(InputError, match="json.jsonl:1: json_schema"):
+        f.write_text(json.dumps({"prompt": "x", "json_schema": {"type": "objec"}}) + "\n")
+        bench.plan_bench(dict(model=str(ver), prompts=str(f)))

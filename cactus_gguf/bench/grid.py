@@ -11,7 +11,7 @@ from typing import Sequence
 from ..errors import InputError
 
 __all__ = ["FAMILIES", "METHODS", "config_grid", "default_methods", "needs_draft_model",
-           "request_for", "schedule"]
+           "request_for", "schedule", "with_schema"]
 
 # Configuration families, as data: the acceptance rule (None = the verifier alone), who drafts,
 # and whether the family is crossed with the δ grid. Every family but none is crossed with k.
@@ -98,9 +98,21 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
 
 
 
-def request_for(base, cfg: dict):
+def with_schema(configs: list[dict], mode: str) -> list[dict]:
+    """The configurations for prompts that carry a JSON Schema: ``off`` as they are, ``on`` each
+    constrained by the prompt's schema (id ``...-schema``, label ``... +schema``), ``both``."""
+    constrained = [{**c, "id": f"{c['id']}-schema", "label": f"{c['label']} +schema",
+                    "constrained": True} for c in configs]
+    return {"off": configs, "on": constrained, "both": configs + constrained}[mode]
+
+
+def request_for(base, cfg: dict, json_schema: str | None = None):
     """The Request of configuration ``cfg`` (a :func:`config_grid` dict) on top of ``base``:
-    its acceptance rule, drafter, k and δ; everything else (warps, seed, n_predict) as in base."""
+    its acceptance rule, drafter, k and δ, and for a ``constrained`` one the prompt's
+    ``json_schema`` (in place of any constraint of base); everything else (warps, seed,
+    n_predict) as in base."""
+    if cfg.get("constrained") and json_schema is not None:
+        base = base.replace(json_schema=json_schema, grammar=None, json_object=False)
     if cfg["acceptance"] is None:
         return base.replace(method="none")
     changes = {"method": cfg["acceptance"], "drafter": cfg["drafter"], "k": cfg["k"]}

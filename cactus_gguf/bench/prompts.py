@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import InputError
+from ..options import Request
 
 __all__ = ["BenchPrompt", "HUMANEVAL_INSTRUCTION", "load_humaneval", "load_prompts_jsonl",
            "problem_message", "response_prefix", "render_prompt"]
@@ -24,11 +25,14 @@ class BenchPrompt:
     text: the user's message (before any chat template; for a problem, the instruction and stub).
     problem: a HumanEval-style problem dict (prompt = the function stub, test, entry_point,
         task_id) to score the answer with pass@1, or None (speed only).
+    json_schema: a JSON Schema (compact JSON text) the answer must follow: the ``+schema``
+        configurations decode under it, every run's answer is checked against it (validity).
     """
 
     id: str
     text: str
     problem: dict | None = None
+    json_schema: str | None = None
 
 
 def load_humaneval(limit: int | None = None) -> list[BenchPrompt]:
@@ -53,7 +57,8 @@ def load_prompts_jsonl(path: str | os.PathLike[str], limit: int | None = None) -
     """Prompts from a JSONL file: one object per line with "prompt" (text) and an optional "id".
 
     A line that also has "test" and "entry_point" (HumanEval's fields) is scored with pass@1:
-    its "prompt" is then the function stub, asked for as with HumanEval.
+    its "prompt" is then the function stub, asked for as with HumanEval. A line with a
+    "json_schema" object is a structured-output task (checked here: a bad schema names its line).
     Blank lines are skipped. Raises ValueError naming the line of any malformed entry.
     """
     path = Path(path)
@@ -84,7 +89,13 @@ def load_prompts_jsonl(path: str | os.PathLike[str], limit: int | None = None) -
             problem = {"task_id": pid, "prompt": obj["prompt"], "test": obj["test"],
                        "entry_point": obj["entry_point"]}
             text = problem_message(obj["prompt"])
-        out.append(BenchPrompt(id=pid, text=text, problem=problem))
+        schema = None
+        if obj.get("json_schema") is not None:
+            try:
+                schema = Request(json_schema=obj["json_schema"]).json_schema  # compiles it
+            except InputError as e:
+                raise InputError(f"{path}:{no}: json_schema: {e.render()}") from None
+        out.append(BenchPrompt(id=pid, text=text, problem=problem, json_schema=schema))
         if limit is not None and len(out) >= limit:
             break
     if not out:

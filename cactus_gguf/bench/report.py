@@ -17,11 +17,23 @@ def fmt(x: float | None, fmt: str, none: str = "-") -> str:
     return none if x is None else format(x, fmt)
 
 
+def structured(report: dict) -> bool:
+    """Whether the run had structured-output prompts (answers checked against a JSON Schema)."""
+    return any(s.get("n_checked") for s in report["summary"])
+
+
+def structured_cells(s: dict, dash: str) -> list[str]:
+    """The validity and grammar-mask cells of a summary row."""
+    valid = (f"{s['valid_rate']:.0%} ({round(s['valid_rate'] * s['n_checked'])}/{s['n_checked']})"
+             if s.get("valid_rate") is not None else dash)
+    return [valid, fmt(s.get("grammar_ms_per_token"), ".3f", dash)]
+
+
 def format_table(report: dict) -> list[str]:
     """The summary as aligned text lines: one row per configuration, then the forward costs."""
     rows = [["config", "k", "tok/s median [q25-q75]", "x none", "x sps", "x none e2e", "AL",
              "accept", "tok/call", "draft/verify/accept/other", "KL target", "KL output",
-             "pass@1"]]
+             "pass@1"] + (["valid", "mask ms/tok"] if structured(report) else [])]
     for s in report["summary"]:
         t = s["tokens_per_second"]
         share = s["time_share"]
@@ -38,7 +50,7 @@ def format_table(report: dict) -> list[str]:
             fmt(s.get("output_kl_mean"), ".3f") if s["k"] is not None else "-",
             (f"{s['pass_at_1']:.0%} ({round(s['pass_at_1'] * s['n_scored'])}/{s['n_scored']})"
              if s["pass_at_1"] is not None else "-"),
-        ])
+        ] + (structured_cells(s, "-") if structured(report) else []))
     lines = columns(rows)
     fw = report["forward_ms"]["before"]
     ver = ", ".join(f"{n} tok {ms:.1f} ms" for n, ms in fw["verifier"].items())
@@ -61,7 +73,8 @@ def format_markdown(report: dict) -> str:
     """The summary as a Markdown table, then the forward costs and the machine / model facts."""
     head = ["config", "k", "tok/s median [q25–q75]", "× none", "× sps", "× none, with prefill",
             "AL", "accept", "tok/call", "draft / verify / accept / other",
-            "KL(h‖q) target, nats/draft", "KL(P‖q) output, nats/token", "pass@1"]
+            "KL(h‖q) target, nats/draft", "KL(P‖q) output, nats/token", "pass@1"] + (
+                ["valid JSON (schema)", "grammar mask, ms/token"] if structured(report) else [])
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in report["summary"]:
         t, share, spec = s["tokens_per_second"], s["time_share"], s["k"] is not None
@@ -76,7 +89,8 @@ def format_markdown(report: dict) -> str:
             fmt(s["kl_mean"], ".3f") if spec else "–",
             fmt(s.get("output_kl_mean"), ".3f", "–") if spec else "–",
             (f"{s['pass_at_1']:.0%} ({round(s['pass_at_1'] * s['n_scored'])}/{s['n_scored']})"
-             if s["pass_at_1"] is not None else "–")]) + " |")
+             if s["pass_at_1"] is not None else "–")]
+            + (structured_cells(s, "–") if structured(report) else [])) + " |")
     fw = report["forward_ms"]
     out.append("")
     out.append("Forward cost, median ms of one `llama_decode` (before / after the runs):")

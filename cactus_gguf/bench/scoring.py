@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["extract_completion", "check_completion", "harness_executes"]
+__all__ = ["extract_completion", "check_completion", "harness_executes", "json_valid"]
 
 
 _KEEP_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
@@ -112,3 +114,24 @@ def check_completion(problem: dict, completion: str, timeout: float = 5.0) -> tu
     return _check_in_subprocess(problem, completion, timeout)
 
 
+
+
+def json_valid(text: str, schema: str) -> bool:
+    """Whether ``text`` is one JSON value valid under the JSON Schema ``schema`` (JSON text),
+    checked with the ``jsonschema`` package. An unconstrained answer wrapped in one Markdown code
+    block (```json ... ```) is unwrapped first, as a user would; any other prose makes it invalid.
+    Raises ValueError with the install command when jsonschema is missing."""
+    try:
+        import jsonschema
+    except ImportError:
+        raise ValueError("the structured-output benchmark needs jsonschema: pip install "
+                         "'cactus-gguf[bench]'") from None
+    body = text.strip()
+    fence = re.fullmatch(r"```[a-zA-Z]*\n(.*?)\n?```", body, flags=re.S)
+    if fence:
+        body = fence.group(1)
+    try:
+        jsonschema.validate(json.loads(body), json.loads(schema))
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True

@@ -48,7 +48,9 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
     ratios against ``none`` and against ``sps`` at the same k (for ``none``: the first sps);
     ``end_to_end_*`` the same with prompt processing included (speculation prefills the draft too).
     Acceptance counters are pooled over prompts (total accepted / total steps ...). Time shares
-    are fractions of the summed decode time. pass@1 = passed / scored (None if nothing scored).
+    are fractions of the summed decode time. pass@1 = passed / scored (None if nothing scored);
+    valid_rate = answers valid under their prompt's JSON Schema / checked (structured-output
+    sets); grammar_ms_per_token = grammar-engine time per emitted token (constrained configs).
     With ``forward_ms`` (the forward-cost probe), ``predicted_speedup_vs_none`` is the ratio the
     forward costs alone imply: tokens per verifier call x t_verifier(1) /
     (drafted per step x t_draft(1) + t_verifier(k+1)) for the model drafter.
@@ -68,6 +70,8 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
                ("n_tokens", "n_steps", "n_drafted", "n_accepted", "n_evaluated", "kl_sum",
                 "output_kl_sum", "decode_seconds", "draft_seconds", "verify_seconds", "accept_seconds",
                 "other_seconds", "prefill_seconds")}
+        checked = [r["valid"] for r in rs if r.get("valid") is not None]
+        grammar_s = sum(r.get("grammar_seconds", 0.0) for r in rs)
         dec = tot["decode_seconds"]
         scored = [r for r in rs if r.get("passed") is not None]
         sps_id = sps_ids.get(c["k"], first_sps) if c["method"] != "sps" else None
@@ -98,6 +102,11 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
                            for part in ("draft", "verify", "accept", "other")},
             "pass_at_1": sum(bool(r["passed"]) for r in scored) / len(scored) if scored else None,
             "n_scored": len(scored),
+            "valid_rate": sum(checked) / len(checked) if checked else None,
+            "n_checked": len(checked),
+            "constrained": bool(c.get("constrained")),
+            "grammar_ms_per_token": (1e3 * grammar_s / tot["n_tokens"]
+                                     if c.get("constrained") and tot["n_tokens"] else None),
             "cpu_utilisation_median": quantiles([r["cpu_utilisation"] for r in rs
                                                  if r.get("cpu_utilisation") is not None])["median"],
             "predicted_speedup_vs_none": None,
