@@ -362,8 +362,13 @@ OPTIONS: tuple[Option, ...] = (
            scope="bench", range=Range(lo=0.0, lo_open=True), metavar="S", commands=_BENCH),
     Option("forward_repeats", int, 10, "repeats of each forward-cost probe", ("--forward-repeats",),
            scope="bench", range=Range(lo=1), metavar="N", commands=_BENCH),
-    Option("output", str, "bench-out", "directory for bench.json, bench.md and bench.png",
+    Option("output", str, "bench-out", "directory for bench.json, bench.md, bench.png and "
+           "runs.jsonl (one line per finished prompt × configuration, written as they finish)",
            ("-o", "--output"), scope="bench", metavar="DIR", commands=_BENCH),
+    Option("resume", str, None, "continue an interrupted run in DIR: the runs its runs.jsonl "
+           "holds are kept, only the missing ones decoded (same options required); the report "
+           "is written there", ("--resume",), scope="bench", optional=True, metavar="DIR",
+           shown_default="", commands=_BENCH),
     Option("no_plot", bool, False, "do not write bench.png", ("--no-plot",), scope="bench",
            commands=_BENCH),
     Option("no_progress", bool, False, "hide the progress bars", ("--no-progress",), scope="bench",

@@ -322,3 +322,36 @@ def test_a_structured_prompt_set_runs_with_and_without_its_schema(tiny_pair, tmp
     with pytest.raises(InputError, match="json.jsonl:1: json_schema"):
         f.write_text(json.dumps({"prompt": "x", "json_schema": {"type": "objec"}}) + "\n")
         bench.plan_bench(dict(model=str(ver), prompts=str(f)))
+
+
+# -- resume ---------------------------------------------------------------------------------------
+
+def test_resume_decodes_only_the_missing_runs_and_refuses_other_options(tiny_pair, prompt_file,
+                                                                         tmp_path, monkeypatch):
+    ver, dft = tiny_pair
+    given = dict(model=str(ver), model_draft=str(dft), prompts=str(prompt_file), n_predict=6,
+                 configs=("none", "sps"), k=(2,), n_ctx=256, n_threads=1, forward_repeats=1)
+    plan = bench.plan_bench(given, warmup=False)
+    full = bench.run_bench(plan, progress=False, output=tmp_path)
+    journal = tmp_path / bench.JOURNAL
+    lines = journal.read_text().splitlines()
+    n = len(plan.prompts) * len(plan.configs)
+    assert len(lines) == 1 + n and json.loads(lines[0])["plan"]["configs"] == ["none", "sps-k2"]
+    # an interrupted sitting: three runs finished, the fourth line cut short
+    journal.write_text("\n".join(lines[:4]) + "\n" + lines[4][:20], encoding="utf-8")
+    calls = []
+    original = Engine.generate
+    monkeypatch.setattr(Engine, "generate", lambda self, *a, **kw: calls.append(1) or
+                        original(self, *a, **kw))
+    again = bench.run_bench(plan, progress=False, output=tmp_path, resume=True)
+    assert len(calls) == n - 3  # only the missing runs
+    key = lambda r: (r["prompt"], r["config"])  # noqa: E731
+    assert [key(r) for r in again["runs"]] == [key(r) for r in full["runs"]]
+    # same seed, same tokens: the resumed runs equal the first sitting's
+    assert [r["text"] for r in again["runs"]] == [r["text"] for r in full["runs"]]
+    assert len(journal.read_text().splitlines()) == 1 + n
+    other = bench.plan_bench(dict(given, n_predict=7), warmup=False)
+    with pytest.raises(InputError, match="request.n_predict differs"):
+        bench.run_bench(other, progress=False, output=tmp_path, resume=True)
+    with pytest.raises(InputError, match="nothing to resume"):
+        bench.run_bench(plan, progress=False, output=tmp_path / "empty", resume=True)

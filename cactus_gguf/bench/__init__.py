@@ -21,11 +21,11 @@ from .grid import FAMILIES, METHODS, config_grid, default_methods, request_for, 
 from .kernels import format_kernel_table, kernel_benchmark
 from .prompts import BenchPrompt, load_humaneval, load_prompts_jsonl, render_prompt
 from .report import format_markdown, format_table, write_report
-from .run import SCHEMA, BenchPlan, model_sha256, plan_bench, run_bench
+from .run import JOURNAL, SCHEMA, BenchPlan, model_sha256, plan_bench, run_bench
 from .scoring import check_completion, extract_completion
 from .summary import median_ratio, quantiles, summarize
 
-__all__ = ["FAMILIES", "METHODS", "SCHEMA", "BenchPlan", "BenchPrompt", "plan_bench", "run_bench",
+__all__ = ["FAMILIES", "METHODS", "SCHEMA", "JOURNAL", "BenchPlan", "BenchPrompt", "plan_bench", "run_bench",
            "write_report", "format_table", "format_markdown", "config_grid", "default_methods",
            "request_for", "schedule", "quantiles", "median_ratio", "summarize",
            "extract_completion", "check_completion", "load_humaneval", "load_prompts_jsonl",

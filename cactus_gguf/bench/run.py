@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import json
 import os
 import sys
 import time
@@ -28,9 +29,10 @@ from .prompts import (HUMANEVAL_INSTRUCTION, BenchPrompt, load_humaneval, load_p
 from .scoring import check_completion, extract_completion, json_valid
 from .summary import finite, summarize
 
-__all__ = ["BenchPlan", "plan_bench", "run_bench", "SCHEMA", "model_sha256"]
+__all__ = ["BenchPlan", "plan_bench", "run_bench", "SCHEMA", "JOURNAL", "model_sha256"]
 
 SCHEMA = "cactus-gguf-bench/1"
+JOURNAL = "runs.jsonl"  # in the output directory: the plan, then one line per finished run
 
 
 @dataclass(frozen=True)
@@ -168,26 +170,103 @@ def _stats_record(stats) -> dict:
 # The run
 # -------------------------------------------------------------------------------------------------
 
-def _decode_all(plan: BenchPlan, engine, rendered: list[str], bar) -> list[dict]:
-    """Every (prompt, configuration) in the interleaved order; one record per run."""
+def plan_fingerprint(plan: BenchPlan) -> dict:
+    """What must be the same for runs of two sittings to belong to one benchmark: the models,
+    configurations, prompts, every request and load option."""
+    return {"schema": SCHEMA, "verifier": plan.verifier_spec, "draft": plan.draft_spec,
+            "configs": [c["id"] for c in plan.configs], "prompts": [p.id for p in plan.prompts],
+            "request": {o.name: _plain(getattr(plan.base, o.name)) for o in options_in("request")},
+            "load": {o.name: getattr(plan.load, o.name) for o in options_in("load")},
+            "chat": plan.chat}
+
+
+def _plain(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
+def open_journal(directory: str | os.PathLike[str], plan: BenchPlan, resume: bool
+                 ) -> tuple[Path, list[dict]]:
+    """The run journal DIR/runs.jsonl and the runs it already holds. ``resume``: keep them (the
+    plan must match the one recorded; a line cut short by an interruption is dropped); else
+    start it afresh. Raises InputError (param resume) for a missing journal or other options."""
+    path = Path(directory) / JOURNAL
+    want = plan_fingerprint(plan)
+    if not resume:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"plan": want}) + "\n", encoding="utf-8")
+        return path, []
+    if not path.is_file():
+        raise InputError(f"{{resume}}: {directory} holds no {JOURNAL}: nothing to resume (start "
+                         "the run with -o DIR first)", param="resume")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        have = json.loads(lines[0])["plan"]
+    except (IndexError, ValueError, KeyError, TypeError):
+        raise InputError(f"{{resume}}: {path} does not start with a benchmark plan",
+                         param="resume") from None
+    for key in want:
+        if have.get(key) != want[key]:
+            detail = (next((f"{key}.{k}" for k in want[key] if have[key].get(k) != want[key][k]),
+                           key) if isinstance(want[key], dict) and isinstance(have.get(key), dict)
+                      else key)
+            raise InputError(f"{{resume}}: {directory} was run with other options ({detail} "
+                             "differs): give the same options, or start afresh with -o",
+                             param="resume")
+    done = []
+    for line in lines[1:]:
+        try:
+            done.append(json.loads(line))
+        except ValueError:
+            break  # the last line of an interrupted sitting
+    if len(done) < len(lines) - 1:  # drop the cut line, so the next run starts a line of its own
+        path.write_text("".join(ln + "\n" for ln in lines[:1 + len(done)]), encoding="utf-8")
+    return path, done
+
+
+def _decode_all(plan: BenchPlan, engine, rendered: list[str], bar, journal: Path | None = None,
+                done: list[dict] = ()) -> list[dict]:
+    """Every (prompt, configuration) in the interleaved order; one record per run. Runs in
+    ``done`` (an earlier sitting's) are kept, not decoded again; each new record is appended to
+    ``journal`` as it finishes."""
+    have = {(r["prompt"], r["config"]): r for r in done}
     runs = []
-    for index, (pi, ci) in enumerate(schedule(len(plan.prompts), len(plan.configs))):
-        p, c = plan.prompts[pi], plan.configs[ci]
-        bar.set_postfix_str(f"{p.id} {c['label']}", refresh=False)
-        seed = plan.seed + pi
-        w0, c0 = time.perf_counter(), time.process_time()
-        res = engine.generate(rendered[pi], request_for(plan.base, c, p.json_schema), seed=seed)
-        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-        if c["acceptance"] is None and res.stats.n_drafted:
-            raise RuntimeError("the engine drafted under method none: the baseline would be wrong")
-        runs.append({"index": index, "prompt": p.id, "config": c["id"], "seed": seed,
-                     "stop_reason": res.stop_reason, "text": res.text,
-                     "valid": (json_valid(res.text, p.json_schema) if p.json_schema is not None
-                               else None),
-                     "cpu_utilisation": cpu / wall if wall > 0 else None,
-                     **_stats_record(res.stats)})
-        bar.update(1)
+    sink = open(journal, "a", encoding="utf-8") if journal is not None else None
+    try:
+        for index, (pi, ci) in enumerate(schedule(len(plan.prompts), len(plan.configs))):
+            key = (plan.prompts[pi].id, plan.configs[ci]["id"])
+            if key in have:
+                runs.append(have[key])
+                bar.update(1)
+                continue
+            runs.append(_decode_one(plan, engine, rendered, index, pi, ci, bar))
+            if sink is not None:
+                sink.write(json.dumps(runs[-1], ensure_ascii=False) + "\n")
+                sink.flush()
+    finally:
+        if sink is not None:
+            sink.close()
     return runs
+
+
+def _decode_one(plan: BenchPlan, engine, rendered: list[str], index: int, pi: int, ci: int,
+                bar) -> dict:
+    """One (prompt, configuration) run: its record."""
+    p, c = plan.prompts[pi], plan.configs[ci]
+    bar.set_postfix_str(f"{p.id} {c['label']}", refresh=False)
+    seed = plan.seed + pi
+    w0, c0 = time.perf_counter(), time.process_time()
+    res = engine.generate(rendered[pi], request_for(plan.base, c, p.json_schema), seed=seed)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    if c["acceptance"] is None and res.stats.n_drafted:
+        raise RuntimeError("the engine drafted under method none: the baseline would be wrong")
+    record = {"index": index, "prompt": p.id, "config": c["id"], "seed": seed,
+              "stop_reason": res.stop_reason, "text": res.text,
+              "valid": (json_valid(res.text, p.json_schema) if p.json_schema is not None
+                        else None),
+              "cpu_utilisation": cpu / wall if wall > 0 else None,
+              **_stats_record(res.stats)}
+    bar.update(1)
+    return record
 
 
 def _score(plan: BenchPlan, runs: list[dict], progress: bool) -> None:
@@ -209,13 +288,17 @@ def _score(plan: BenchPlan, runs: list[dict], progress: bool) -> None:
 
 
 def run_bench(plan: BenchPlan, *, progress: bool = True,
-              log: Callable[[str], None] | None = None) -> dict:
+              log: Callable[[str], None] | None = None,
+              output: str | os.PathLike[str] | None = None, resume: bool = False) -> dict:
     """Resolve and load the models once, then decode every prompt under every configuration
     (interleaved, see :func:`schedule`), score the answers, and return the report (a JSON-able
     dict: machine / build / model facts, settings, forward costs, every run, summaries).
 
     ``progress`` shows a progress bar on stderr; ``log`` receives one-line status messages.
-    Raises the registry's and the engine's errors (one-line messages).
+    ``output``: a directory whose ``runs.jsonl`` receives each run as it finishes; ``resume``
+    keeps the runs it already holds (see :func:`open_journal`) and decodes only the others.
+    Raises InputError (a journal that does not match), the registry's and the engine's errors
+    (one-line messages).
     """
     from tqdm import tqdm
 
@@ -223,6 +306,9 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
     from ..spec import Engine
 
     say = log or (lambda _msg: None)
+    journal, done = open_journal(output, plan, resume) if output is not None else (None, [])
+    if done:
+        say(f"resuming: {len(done)} of {len(plan.prompts) * len(plan.configs)} runs done")
     started = _dt.datetime.now(_dt.timezone.utc)
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     verifier_path = resolve_model(plan.verifier_spec, progress=progress)
@@ -250,7 +336,7 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
         bar = tqdm(total=len(plan.prompts) * len(plan.configs), desc="bench", unit="run",
                    file=sys.stderr, disable=not progress, dynamic_ncols=True)
         try:
-            runs = _decode_all(plan, engine, rendered, bar)
+            runs = _decode_all(plan, engine, rendered, bar, journal, done)
             forward_after = measure_forward_costs(engine, first_tokens, plan.ks,
                                                   plan.forward_repeats)
         finally:

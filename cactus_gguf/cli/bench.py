@@ -24,7 +24,8 @@ def bench_command(ctx: click.Context, verifier, draft, **_options) -> None:
 
     values = given(ctx)
     models_from_arguments(values, verifier, draft)
-    output = Path(ctx.params["output"])
+    resume = ctx.params.get("resume")
+    output = Path(resume if resume is not None else ctx.params["output"])
     progress = not ctx.params["no_progress"]
     if ctx.params["kernels"]:
         from ..options import check_value
@@ -46,9 +47,11 @@ def bench_command(ctx: click.Context, verifier, draft, **_options) -> None:
         report_error(e)
     try:
         report = bench.run_bench(plan, progress=progress,
-                                 log=lambda m: click.echo(f"cactus-gguf: {m}", err=True))
+                                 log=lambda m: click.echo(f"cactus-gguf: {m}", err=True),
+                                 output=output, resume=resume is not None)
     except KeyboardInterrupt:
-        click.echo("cactus-gguf: interrupted", err=True)
+        click.echo(f"cactus-gguf: interrupted; `--resume {output}` (same options) continues "
+                   "the run", err=True)
         raise SystemExit(130)
     except (CactusError, ValueError, RuntimeError, OSError) as e:
         report_error(e)
