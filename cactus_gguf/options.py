@@ -350,8 +350,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("limit", int, None, "use only the first N prompts", ("--limit",), scope="bench",
            range=Range(lo=1), optional=True, metavar="N", shown_default="all", commands=_BENCH),
     Option("configs", str, None, "configurations: none, sps, cactus, cactus-output (δ bounds "
-           "the emitted tokens: `--budget output`), auto (cactus with `--draft-policy auto`, k "
-           "its ceiling), typical, topk, ngram, ngram-cactus",
+           "the emitted tokens: `--budget output`), cactus-exact (the exact solver), auto (cactus "
+           "with `--draft-policy auto`, k its ceiling), typical, topk, ngram, ngram-cactus; "
+           "`FAMILY@D` runs a Cactus family at δ = D only (`cactus-exact@1`)",
            ("--configs",), scope="bench", grid=True, optional=True,
            shown_default="none,sps,cactus,typical,ngram", commands=_BENCH),
     Option("schema", str, "both", "prompts that carry a `json_schema` (structured-output sets): "

@@ -355,3 +355,35 @@ def test_resume_decodes_only_the_missing_runs_and_refuses_other_options(tiny_pai
         bench.run_bench(other, progress=False, output=tmp_path, resume=True)
     with pytest.raises(InputError, match="nothing to resume"):
         bench.run_bench(plan, progress=False, output=tmp_path / "empty", resume=True)
+
+
+# -- quality statistics ---------------------------------------------------------------------------
+
+def test_pass_at_1_interval_and_paired_mcnemar_exact():
+    from cactus_gguf.bench.summary import pass_at_1_statistics
+
+    # 20 problems: none passes 0-11 (12); the config passes 0-7 and 12-13 (10): gained 2, lost 4
+    none = [{"prompt": f"p{i}", "passed": i < 12} for i in range(20)]
+    cfg = [{"prompt": f"p{i}", "passed": i < 8 or i in (12, 13)} for i in range(20)]
+    st = pass_at_1_statistics(cfg, none)
+    # Wilson 95% for 10/20: 0.5 +- 1.96 sqrt(.25/20 + 1.96^2/1600) / (1 + 1.96^2/20)
+    z = 1.959963984540054
+    half = z * (0.25 / 20 + z * z / 1600) ** 0.5 / (1 + z * z / 20)
+    assert st["pass_at_1_ci95"] == pytest.approx([0.5 - half, 0.5 + half], abs=1e-9)
+    pv = st["paired_vs_none"]
+    assert (pv["n"], pv["gained"], pv["lost"], pv["difference"]) == (20, 2, 4, -0.1)
+    # exact McNemar: two-sided binomial P(X <= 2 or X >= 4 | n = 6, 1/2) = (1+6+15+15+6+1)/64
+    assert pv["mcnemar_p"] == pytest.approx(44 / 64)
+    assert pass_at_1_statistics(cfg, cfg)["paired_vs_none"]["mcnemar_p"] == 1.0
+
+
+def test_family_at_delta_runs_one_delta_with_its_solver():
+    configs = bench.config_grid(("none", "cactus", "cactus-exact@1"), (0.5, 2.0), (4,))
+    assert [c["id"] for c in configs] == ["none", "cactus-d0.5-k4", "cactus-d2-k4",
+                                          "cactus-exact-d1-k4"]
+    base = bench.plan_bench.__globals__["Request"]()
+    assert bench.request_for(base, configs[-1]).solver == "exact"
+    assert bench.request_for(base, configs[1]).solver == "taylor"
+    for bad in ("sps@1", "cactus@x", "cactus@-1"):
+        with pytest.raises(InputError, match="family@D"):
+            bench.config_grid((bad,), (1.0,), (4,))

@@ -16,13 +16,18 @@ __all__ = ["FAMILIES", "METHODS", "config_grid", "default_methods", "needs_draft
 # Configuration families, as data: the acceptance rule (None = the verifier alone), who drafts,
 # and whether the family is crossed with the δ grid. Every family but none is crossed with k.
 # ``budget``: what δ bounds for a Cactus family (options.py; "target" when absent);
-# ``draft_policy``: "auto" for the cost-aware draft length ("fixed" when absent).
+# ``draft_policy``: "auto" for the cost-aware draft length ("fixed" when absent); ``solver``: the
+# Cactus solver (the base request's --solver when absent). A configuration name ``family@D`` runs a
+# per-δ family at that δ only (``cactus-exact@1``), whatever the δ grid.
 FAMILIES: dict[str, dict] = {
     "none": {"acceptance": None, "drafter": None, "per_delta": False},
     "sps": {"acceptance": "sps", "drafter": "model", "per_delta": False},
     "cactus": {"acceptance": "cactus", "drafter": "model", "per_delta": True},
     "cactus-output": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
                       "budget": "output"},
+    # Cactus with the exact binary-KL solver (the others use --solver, Taylor by default)
+    "cactus-exact": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
+                     "solver": "exact"},
     # Cactus at the base δ with the cost-aware draft length: k is its ceiling
     "auto": {"acceptance": "cactus", "drafter": "model", "per_delta": False,
              "draft_policy": "auto"},
@@ -44,7 +49,23 @@ def default_methods(has_draft_model: bool = True) -> tuple[str, ...]:
 
 
 def needs_draft_model(method: str) -> bool:
-    return FAMILIES[method]["drafter"] == "model"
+    return FAMILIES[_family(method)[0]]["drafter"] == "model"
+
+
+def _family(name: str) -> tuple[str, float | None]:
+    """``cactus-exact@1`` -> ("cactus-exact", 1.0); ``sps`` -> ("sps", None). Raises InputError
+    for a δ that is not a number >= 0 or given to a family without δ."""
+    if "@" not in name:
+        return name, None
+    fam, _, d = name.partition("@")
+    try:
+        delta = float(d)
+    except ValueError:
+        delta = -1.0
+    if not delta >= 0 or not FAMILIES.get(fam, {}).get("per_delta"):
+        raise InputError(f"configuration {name!r}: `family@D` needs a Cactus family and a δ >= 0 "
+                         "(e.g. cactus-exact@1)", param="configs")
+    return fam, delta
 
 
 
@@ -62,7 +83,7 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
 
     Raises ValueError for an unknown method, an empty grid, a k < 1 or a δ < 0.
     """
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if _family(m)[0] not in METHODS]
     if unknown:
         raise InputError(f"unknown configuration {unknown[0]!r}: choose from {', '.join(METHODS)}")
     if not methods:
@@ -72,7 +93,7 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
                          f"alone is the none configuration), got {list(ks)}", param="k")
     if any(not (isinstance(d, (int, float)) and d >= 0) for d in deltas):
         raise InputError(f"delta values must be >= 0 nats, got {list(deltas)}")
-    if any(FAMILIES[m]["per_delta"] for m in methods) and not deltas:
+    if any(FAMILIES[m]["per_delta"] and "@" not in m for m in methods) and not deltas:
         raise InputError("cactus needs at least one delta")
     multi_k = len(ks) > 1
     out: list[dict] = []
@@ -81,15 +102,18 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
                     "drafter": None, "k": None, "delta": None, "budget": None})
     for k in ks:
         suffix = f" k={k}" if multi_k else ""
-        for m in methods:
+        for name in methods:
+            m, only = _family(name)
             fam = FAMILIES[m]
             if fam["acceptance"] is None:
                 continue
             common = {"method": m, "acceptance": fam["acceptance"], "drafter": fam["drafter"], "k": k,
                       "budget": fam.get("budget", "target") if fam["per_delta"] else None,
                       "draft_policy": fam.get("draft_policy", "fixed")}
+            if fam.get("solver"):
+                common["solver"] = fam["solver"]
             if fam["per_delta"]:
-                for d in deltas:
+                for d in (deltas if only is None else (only,)):
                     out.append({"id": f"{m}-d{_fmt_num(d)}-k{k}",
                                 "label": f"{m} δ={_fmt_num(d)}{suffix}", **common, "delta": float(d)})
             else:
@@ -120,6 +144,8 @@ def request_for(base, cfg: dict, json_schema: str | None = None):
         changes["delta"] = cfg["delta"]
     if cfg.get("budget"):
         changes["budget"] = cfg["budget"]
+    if cfg.get("solver"):
+        changes["solver"] = cfg["solver"]
     changes["draft_policy"] = cfg.get("draft_policy", "fixed")
     return base.replace(**changes)
 

@@ -138,3 +138,41 @@ def plot_pareto(report: dict, path: str | os.PathLike[str]) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_quality(report: dict, path: str | os.PathLike[str]) -> Path | None:
+    """PNG: pass@1 with its 95% interval against acceptance length, one point per configuration
+    that scored answers (none at AL 0). None when fewer than two configurations scored.
+
+    Raises ImportError with a one-line install hint when matplotlib is missing.
+    """
+    points = [s for s in report["summary"] if s.get("n_scored")]
+    if len(points) < 2:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("the plot needs matplotlib: pip install 'cactus-gguf[bench]'") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for s in points:
+        al = s["mean_accepted_length"] if s["k"] is not None else 0.0
+        y = 100 * s["pass_at_1"]
+        ci = s.get("pass_at_1_ci95") or [s["pass_at_1"]] * 2
+        ax.errorbar([al], [y], yerr=[[y - 100 * ci[0]], [100 * ci[1] - y]], fmt="o", capsize=4,
+                    color="black" if s["method"] == "none" else None)
+        ax.annotate(s["label"], (al, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    none = next((s for s in points if s["method"] == "none"), None)
+    if none is not None:
+        ax.axhline(100 * none["pass_at_1"], color="black", lw=0.8, ls=":")
+    n = max(s["n_scored"] for s in points)
+    ax.set_xlabel("acceptance length AL (accepted drafts per verification step)")
+    ax.set_ylabel("pass@1, % (95% Wilson interval)")
+    ax.set_title(f"Task quality against acceptance, {n} problems")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

@@ -17,6 +17,28 @@ def fmt(x: float | None, fmt: str, none: str = "-") -> str:
     return none if x is None else format(x, fmt)
 
 
+def scored(report: dict) -> bool:
+    """Whether the run scored answers (pass@1)."""
+    return any(s.get("n_scored") for s in report["summary"])
+
+
+def pass_cell(s: dict, dash: str) -> str:
+    """pass@1 as "73% (120/164) [66–79]" (the 95% Wilson interval, when computed)."""
+    if s.get("pass_at_1") is None:
+        return dash
+    text = f"{s['pass_at_1']:.0%} ({round(s['pass_at_1'] * s['n_scored'])}/{s['n_scored']})"
+    ci = s.get("pass_at_1_ci95")
+    return text + (f" [{ci[0]:.0%}–{ci[1]:.0%}]" if ci else "")
+
+
+def paired_cell(s: dict, dash: str) -> list[str]:
+    """The paired comparison against none: "+3 / −5 (p 0.73)"."""
+    pv = s.get("paired_vs_none")
+    if not pv:
+        return [dash]
+    return [f"+{pv['gained']} / −{pv['lost']} (p {pv['mcnemar_p']:.2f})"]
+
+
 def structured(report: dict) -> bool:
     """Whether the run had structured-output prompts (answers checked against a JSON Schema)."""
     return any(s.get("n_checked") for s in report["summary"])
@@ -33,7 +55,8 @@ def format_table(report: dict) -> list[str]:
     """The summary as aligned text lines: one row per configuration, then the forward costs."""
     rows = [["config", "k", "tok/s median [q25-q75]", "x none", "x sps", "x none e2e", "AL",
              "accept", "tok/call", "draft/verify/accept/other", "KL target", "KL output",
-             "pass@1"] + (["valid", "mask ms/tok"] if structured(report) else [])]
+             "pass@1 [95% CI]"] + (["vs none: +/- (p)"] if scored(report) else [])
+            + (["valid", "mask ms/tok"] if structured(report) else [])]
     for s in report["summary"]:
         t = s["tokens_per_second"]
         share = s["time_share"]
@@ -48,9 +71,9 @@ def format_table(report: dict) -> list[str]:
             "/".join(fmt(share[p], ".1%") for p in ("draft", "verify", "accept", "other")),
             fmt(s["kl_mean"], ".3f") if s["k"] is not None else "-",
             fmt(s.get("output_kl_mean"), ".3f") if s["k"] is not None else "-",
-            (f"{s['pass_at_1']:.0%} ({round(s['pass_at_1'] * s['n_scored'])}/{s['n_scored']})"
-             if s["pass_at_1"] is not None else "-"),
-        ] + (structured_cells(s, "-") if structured(report) else []))
+            pass_cell(s, "-"),
+        ] + (paired_cell(s, "-") if scored(report) else [])
+          + (structured_cells(s, "-") if structured(report) else []))
     lines = columns(rows)
     fw = report["forward_ms"]["before"]
     ver = ", ".join(f"{n} tok {ms:.1f} ms" for n, ms in fw["verifier"].items())
@@ -73,7 +96,8 @@ def format_markdown(report: dict) -> str:
     """The summary as a Markdown table, then the forward costs and the machine / model facts."""
     head = ["config", "k", "tok/s median [q25–q75]", "× none", "× sps", "× none, with prefill",
             "AL", "accept", "tok/call", "draft / verify / accept / other",
-            "KL(h‖q) target, nats/draft", "KL(P‖q) output, nats/token", "pass@1"] + (
+            "KL(h‖q) target, nats/draft", "KL(P‖q) output, nats/token", "pass@1 [95% CI]"] + (
+                ["paired vs none: passes gained / lost (McNemar p)"] if scored(report) else []) + (
                 ["valid JSON (schema)", "grammar mask, ms/token"] if structured(report) else [])
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in report["summary"]:
@@ -88,8 +112,8 @@ def format_markdown(report: dict) -> str:
             " / ".join(fmt(share[p], ".1%") for p in ("draft", "verify", "accept", "other")),
             fmt(s["kl_mean"], ".3f") if spec else "–",
             fmt(s.get("output_kl_mean"), ".3f", "–") if spec else "–",
-            (f"{s['pass_at_1']:.0%} ({round(s['pass_at_1'] * s['n_scored'])}/{s['n_scored']})"
-             if s["pass_at_1"] is not None else "–")]
+            pass_cell(s, "–")]
+            + (paired_cell(s, "–") if scored(report) else [])
             + (structured_cells(s, "–") if structured(report) else [])) + " |")
     fw = report["forward_ms"]
     out.append("")
@@ -133,10 +157,11 @@ def _json_safe(obj: Any) -> Any:
 def write_report(report: dict, output_dir: str | os.PathLike[str], *,
                  plot: bool = True) -> dict[str, Path | str | None]:
     """Write ``bench.json``, ``bench.md`` (the Markdown table), ``bench.png`` and, when there is
-    a speculative configuration, the Pareto view ``pareto.png`` with its data ``pareto.json``
-    (plots when ``plot`` and matplotlib is installed) into ``output_dir`` (created).
+    a speculative configuration, the Pareto view ``pareto.png`` with its data ``pareto.json``,
+    and with two or more scored configurations ``quality.png`` (pass@1 against AL) (plots when
+    ``plot`` and matplotlib is installed) into ``output_dir`` (created).
     Returns {"json": path, "md": path, "png": path or None, "pareto": path or None,
-    "note": message or None}.
+    "quality": path or None, "note": message or None}.
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -145,7 +170,7 @@ def write_report(report: dict, output_dir: str | os.PathLike[str], *,
                                     allow_nan=False) + "\n", encoding="utf-8")
     md_path = out / "bench.md"
     md_path.write_text(format_markdown(report), encoding="utf-8")
-    png, pareto, note = None, None, None
+    png, pareto, quality, note = None, None, None, None
     from .plot import pareto_points
 
     points = pareto_points(report)
@@ -154,13 +179,15 @@ def write_report(report: dict, output_dir: str | os.PathLike[str], *,
                                                     ensure_ascii=False) + "\n", encoding="utf-8")
     if plot:
         try:
-            from .plot import plot_pareto, plot_report
+            from .plot import plot_pareto, plot_quality, plot_report
 
             png = plot_report(report, out / "bench.png")
             if points:
                 pareto = plot_pareto(report, out / "pareto.png")
+            quality = plot_quality(report, out / "quality.png")
         except ImportError as e:
             note = f"no plot: {e}"
-    return {"json": json_path, "md": md_path, "png": png, "pareto": pareto, "note": note}
+    return {"json": json_path, "md": md_path, "png": png, "pareto": pareto, "quality": quality,
+            "note": note}
 
 

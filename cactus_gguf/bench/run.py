@@ -33,6 +33,7 @@ __all__ = ["BenchPlan", "plan_bench", "run_bench", "SCHEMA", "JOURNAL", "model_s
 
 SCHEMA = "cactus-gguf-bench/1"
 JOURNAL = "runs.jsonl"  # in the output directory: the plan, then one line per finished run
+CODE_END = "```"  # stop string of a problem answered in a chat: the end of its code block
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,8 @@ def _settings(plan: BenchPlan, chat: bool) -> dict:
             "n_threads": lo.n_threads or default_threads(), "flash_attn": lo.flash_attn,
             "prompts": plan.prompt_source, "n_prompts": len(plan.prompts),
             "timeout_seconds": plan.timeout, "instruction": HUMANEVAL_INSTRUCTION,
+            "stop_problems": (f"{CODE_END!r}: a problem answered in a chat stops at the end of its "
+                              "code block" if chat else None),
             "order": "per prompt every configuration, order rotated by one per prompt"}
 
 
@@ -223,9 +226,10 @@ def open_journal(directory: str | os.PathLike[str], plan: BenchPlan, resume: boo
     return path, done
 
 
-def _decode_all(plan: BenchPlan, engine, rendered: list[str], bar, journal: Path | None = None,
-                done: list[dict] = ()) -> list[dict]:
-    """Every (prompt, configuration) in the interleaved order; one record per run. Runs in
+def _decode_all(plan: BenchPlan, engine, rendered: list[tuple[str, tuple]], bar,
+                journal: Path | None = None, done: list[dict] = ()) -> list[dict]:
+    """Every (prompt, configuration) in the interleaved order; one record per run. ``rendered``:
+    each prompt's text and its stop strings. Runs in
     ``done`` (an earlier sitting's) are kept, not decoded again; each new record is appended to
     ``journal`` as it finishes."""
     have = {(r["prompt"], r["config"]): r for r in done}
@@ -248,14 +252,16 @@ def _decode_all(plan: BenchPlan, engine, rendered: list[str], bar, journal: Path
     return runs
 
 
-def _decode_one(plan: BenchPlan, engine, rendered: list[str], index: int, pi: int, ci: int,
-                bar) -> dict:
+def _decode_one(plan: BenchPlan, engine, rendered: list[tuple[str, tuple]], index: int, pi: int,
+                ci: int, bar) -> dict:
     """One (prompt, configuration) run: its record."""
     p, c = plan.prompts[pi], plan.configs[ci]
     bar.set_postfix_str(f"{p.id} {c['label']}", refresh=False)
     seed = plan.seed + pi
+    text, stop = rendered[pi]
     w0, c0 = time.perf_counter(), time.process_time()
-    res = engine.generate(rendered[pi], request_for(plan.base, c, p.json_schema), seed=seed)
+    res = engine.generate(text, request_for(plan.base, c, p.json_schema), seed=seed,
+                          stop=plan.base.stop + stop)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     if c["acceptance"] is None and res.stats.n_drafted:
         raise RuntimeError("the engine drafted under method none: the baseline would be wrong")
@@ -323,8 +329,11 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
         chat = plan.chat if plan.chat is not None else (
             all(p.problem is not None for p in plan.prompts)
             and bool(engine.verifier.model.chat_template()))
-        rendered = [render_prompt(p, chat, engine.format_chat) for p in plan.prompts]
-        first_tokens = engine.tokenize(rendered[0])
+        # a problem answered in a chat: its code block is open (response_prefix), so the
+        # answer ends at the closing fence
+        rendered = [(render_prompt(p, chat, engine.format_chat),
+                     (CODE_END,) if chat and p.problem is not None else ()) for p in plan.prompts]
+        first_tokens = engine.tokenize(rendered[0][0])
         if plan.warmup:  # first decodes page the weights in and size llama.cpp's buffers
             say("warming up")
             warm = [c for c in plan.configs if c["drafter"] == "model"][:1] + plan.configs[:1]

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["quantiles", "median_ratio", "summarize", "finite"]
+__all__ = ["quantiles", "median_ratio", "summarize", "finite", "pass_at_1_statistics"]
 
 
 def quantiles(values: Sequence[float]) -> dict[str, float | None]:
@@ -32,6 +32,34 @@ def median_ratio(num: dict[str, float], den: dict[str, float]) -> float | None:
 
 def finite(x: float | None) -> float | None:
     return x if x is None or math.isfinite(x) else None
+
+
+def pass_at_1_statistics(scored: Sequence[dict], baseline: Sequence[dict] | None) -> dict:
+    """pass@1's 95% interval (Wilson score, scipy.stats.binomtest) and, against ``baseline`` (the
+    same problems' runs of ``none``), the paired comparison: ``gained`` = problems this
+    configuration passes and none fails, ``lost`` the reverse, ``mcnemar_p`` the exact McNemar
+    test (two-sided binomial test of gained vs lost at 1/2). None where there is nothing to test
+    or scipy is missing."""
+    out = {"pass_at_1_ci95": None, "paired_vs_none": None}
+    if not scored:
+        return out
+    try:
+        from scipy.stats import binomtest
+    except ImportError:
+        return out
+    n_pass = sum(bool(r["passed"]) for r in scored)
+    ci = binomtest(n_pass, len(scored)).proportion_ci(0.95, method="wilson")
+    out["pass_at_1_ci95"] = [float(ci.low), float(ci.high)]
+    if baseline:
+        base = {r["prompt"]: bool(r["passed"]) for r in baseline}
+        pairs = [(bool(r["passed"]), base[r["prompt"]]) for r in scored if r["prompt"] in base]
+        gained = sum(a and not b for a, b in pairs)
+        lost = sum(b and not a for a, b in pairs)
+        p = binomtest(gained, gained + lost, 0.5).pvalue if gained + lost else 1.0
+        out["paired_vs_none"] = {"n": len(pairs), "gained": gained, "lost": lost,
+                                 "difference": (gained - lost) / len(pairs) if pairs else None,
+                                 "mcnemar_p": float(p)}
+    return out
 
 
 def _end_to_end(run: dict) -> float:
@@ -102,6 +130,9 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
                            for part in ("draft", "verify", "accept", "other")},
             "pass_at_1": sum(bool(r["passed"]) for r in scored) / len(scored) if scored else None,
             "n_scored": len(scored),
+            **pass_at_1_statistics(scored, [r for r in by_cfg.get("none", []) if
+                                            r.get("passed") is not None] if c["id"] != "none"
+                                   else None),
             "valid_rate": sum(checked) / len(checked) if checked else None,
             "n_checked": len(checked),
             "constrained": bool(c.get("constrained")),
