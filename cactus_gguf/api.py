@@ -121,11 +121,11 @@ def read_prompt(prompt: str | None, file: str | None) -> str:
 
 def _looks_like_text(name: str, value: str) -> bool:
     """Whether a file-or-text option's value is the text itself rather than a file name."""
-    if "\n" in value:
-        return True
     v = value.strip()
+    if "\n" in value or not v:
+        return True  # (empty: refused as empty, not looked up as a file)
     if name == "json_schema":
-        return v[:1] in ("{", "[", '"') or v in ("true", "false")
+        return v[:1] in ("{", "[", '"') or v in ("true", "false", "null")
     return "::=" in v
 
 

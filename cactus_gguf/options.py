@@ -163,23 +163,36 @@ class Option:
 
 def normalize_json_schema(value: Any) -> Any:
     """A JSON Schema as a dict / bool or as JSON text -> compact JSON text, properties in the
-    order given (the output follows it; None stays None).
-    Raises InputError (param json_schema) for text that is not JSON or a non-object schema."""
+    order given (the output follows it; None stays None). ``true`` (any JSON) is ``{}``.
+    Raises InputError (param json_schema) for empty text, text that is not JSON, a value that
+    cannot be JSON, a non-object schema or ``false`` (it matches nothing)."""
     import json
 
     if value is None:
         return None
     if isinstance(value, str):
+        if not value.strip():
+            raise InputError("{json_schema} is empty: give a JSON Schema object",
+                             param="json_schema")
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
             raise InputError(f"{{json_schema}} is not valid JSON ({e.msg} at line {e.lineno} "
                              f"column {e.colno}): give a JSON Schema object",
                              param="json_schema") from None
-    if not isinstance(value, (dict, bool)):
+    if value is True:
+        value = {}
+    if value is False:
+        raise InputError("{json_schema} is false, which no JSON matches: give a JSON Schema "
+                         "object ({} or true = any JSON)", param="json_schema")
+    if not isinstance(value, dict):
         raise InputError(f"{{json_schema}} must be a JSON Schema object, got "
                          f"{type(value).__name__}", param="json_schema")
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)  # key order matters
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)  # key order matters
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{{json_schema}} is not JSON data ({e}): use dicts, lists, strings, "
+                         "numbers, booleans and None only", param="json_schema") from None
 
 
 def _is_number(x: Any, integral: bool) -> bool:
@@ -428,10 +441,14 @@ def _make(cls_name: str, scope: str, doc: str, post_init: Callable[[Any], None])
         post_init(self)
 
     def replace(self, **changes):
-        """A copy with ``changes`` applied (validated). Raises InputError for an unknown name."""
+        """A copy with ``changes`` applied (validated). Raises InputError for an unknown name.
+        Setting one output constraint (grammar, json_schema, json_object) clears the others, so
+        a request's constraint replaces a default one."""
         unknown = sorted(set(changes) - {o.name for o in opts})
         if unknown:
             raise InputError(f"unknown {scope} option {unknown[0]!r}", param=unknown[0])
+        if scope == "request" and any(changes.get(n) not in (None, False) for n in CONSTRAINTS):
+            changes = {**{n: BY_NAME[n].default for n in CONSTRAINTS}, **changes}
         return dataclasses.replace(self, **changes)
 
     lines = [doc, "", "Fields (name: type = default; allowed values; meaning):"]

@@ -200,11 +200,26 @@ def test_json_object_and_schema_outputs_parse(tiny_pair):
     ({"json_schema": [1, 2]}, "json_schema", "must be a JSON Schema object"),
     ({"json_schema": {"type": "string", "pattern": "a(b"}}, "json_schema", "unclosed group"),
     ({"grammar": 'root ::= "a"', "json_object": True}, "json_object", "one output constraint"),
+    ({"grammar": "root ::= root"}, "grammar", "matches no text"),
+    ({"grammar": 'root ::= "a" root'}, "grammar", "never lets the output end"),
+    ({"json_schema": False}, "json_schema", "no JSON matches"),
+    ({"json_schema": ""}, "json_schema", "is empty"),
+    ({"json_schema": {"enum": [{1, 2}]}}, "json_schema", "not JSON data"),
 ])
 def test_bad_constraints_are_one_line_input_errors(fields, param, words):
     with pytest.raises(InputError) as e:
         Request(**fields)
     assert e.value.param == param and words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_constraint_replaces_the_default_one_and_true_is_any_json():
+    base = Request(json_object=True)
+    r = base.replace(grammar='root ::= "a"')
+    assert (r.grammar, r.json_object, r.json_schema) == ('root ::= "a"', False, None)
+    assert base.replace(temperature=0.5).json_object is True  # other changes keep it
+    assert Request(json_schema=True).json_schema == "{}"
+    for g in ('root ::= "a"+', 'root ::= ""', 'root ::= "a" root | "a"', OPEN, FINITE):
+        Request(grammar=g)  # the up-front probe refuses none of these
 
 
 def test_a_schema_dict_keeps_its_property_order():

@@ -88,12 +88,63 @@ def grammar_spec(kind: str, source: str) -> GrammarSpec:
         raise
     except ValueError as e:
         raise InputError(f"{{{kind}}} is invalid: {_one_line(e)}", param=kind) from None
+    what = "GBNF grammar" if kind == "grammar" else "JSON schema"
     is_error, messages = LLMatcher.validate_grammar_with_warnings(compiled)
     if is_error:
-        what = "GBNF grammar" if kind == "grammar" else "JSON schema"
         raise InputError(f"{{{kind}}}: the {what} is invalid: {_one_line(messages[0])}",
                          param=kind)
+    problem = _probe(compiled)
+    if problem:
+        raise InputError(f"{{{kind}}}: the {what} {problem}", param=kind)
     return GrammarSpec(kind, source, compiled)
+
+
+class _ByteVocabulary:
+    """A 257-token vocabulary (the 256 bytes and an end token) to try a grammar on before any
+    model is loaded."""
+
+    eos_token_id, bos_token_id = 256, None
+    tokens = [bytes([i]) for i in range(256)] + [b"\xff<end>"]
+    special_token_ids = [256]
+
+    def __call__(self, data: bytes) -> list[int]:
+        return list(data)
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_tokenizer():
+    from llguidance import LLTokenizer, TokenizerWrapper
+
+    return LLTokenizer(TokenizerWrapper(_ByteVocabulary()))
+
+
+def _probe(compiled: str, steps: int = 4) -> str | None:
+    """What stops the grammar engine from following a grammar that compiles, found by walking a
+    few bytes into it (always the lowest allowed byte): a phrase, or None. Catches grammars
+    that match nothing (``root ::= root``) and ones whose every sentence is infinite
+    (``root ::= "a" root``), which would otherwise fail mid-generation."""
+    from llguidance import LLMatcher
+
+    m = LLMatcher(_byte_tokenizer(), compiled, log_level=0)
+    for _ in range(steps):
+        mask = np.frombuffer(m.compute_bitmask(), dtype=np.uint8) if not m.is_error() else None
+        if m.is_error():
+            break
+        allowed = np.flatnonzero(np.unpackbits(mask, bitorder="little")[:256])
+        if allowed.size == 0:
+            return None  # only the end is allowed: a complete sentence
+        if not m.consume_token(int(allowed[0])):
+            break
+    if not m.is_error():
+        return None
+    why = _one_line(m.get_error())
+    if why.startswith("NoExtensionBias"):
+        return "matches no text (every rule expands forever): give it an alternative that ends"
+    if "Too many items" in why:
+        return ("never lets the output end (every sentence is infinite), which the grammar "
+                "engine cannot follow: add an alternative that ends, e.g. `root ::= \"a\" root | "
+                "\"a\"`")
+    return f"cannot be followed by the grammar engine: {why.split('<state>')[0].strip()}"
 
 
 def tokenizer_for(model) -> Any:
