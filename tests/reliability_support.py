@@ -302,8 +302,8 @@ class StepLog:
         log = cls()
         verify = NativeSampler.verify
 
-        def traced(self, draft_probs, draft_tokens, verifier_logits):
-            res = verify(self, draft_probs, draft_tokens, verifier_logits)
+        def traced(self, draft_probs, draft_tokens, verifier_logits, **kw):
+            res = verify(self, draft_probs, draft_tokens, verifier_logits, **kw)
             probs = None if draft_probs is None or not keep_probs else np.array(draft_probs)
             log.steps.append((len(draft_tokens), res.n_accepted, probs,
                               [int(t) for t in draft_tokens]))

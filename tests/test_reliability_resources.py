@@ -94,9 +94,9 @@ def test_500_generations_keep_memory_and_kv_cells_flat(models, monkeypatch, reco
     verify = NativeSampler.verify
     n_rows_expected: list[int] = []
 
-    def traced_verify(self, draft_probs, draft_tokens, verifier_logits):
+    def traced_verify(self, draft_probs, draft_tokens, verifier_logits, **kw):
         n_rows_expected.append(len(draft_tokens) + 1)
-        return verify(self, draft_probs, draft_tokens, verifier_logits)
+        return verify(self, draft_probs, draft_tokens, verifier_logits, **kw)
 
     monkeypatch.setattr(NativeSampler, "verify", traced_verify)
     long_prompt = "the cat sat on the mat and the dog sat on the cat " * 12  # ~300 tokens
@@ -344,11 +344,11 @@ def test_an_error_or_an_abandoned_stream_leaves_the_decoder_reusable(models, mon
         # an exception in the middle of a step
         verify, calls = NativeSampler.verify, []
 
-        def flaky(self, *a):
+        def flaky(self, *a, **kw):
             calls.append(1)
             if len(calls) == 2:  # after one full step: both caches hold a partial generation
                 raise RuntimeError("injected failure")
-            return verify(self, *a)
+            return verify(self, *a, **kw)
 
         monkeypatch.setattr(NativeSampler, "verify", flaky)
         with pytest.raises(RuntimeError, match="injected"):

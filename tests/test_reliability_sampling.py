@@ -30,8 +30,8 @@ def test_the_draft_samples_from_the_rows_the_acceptance_test_gets(models, monkey
     drafts: list[tuple[np.ndarray, np.ndarray, int]] = []  # (logits, probs written, token)
     draft = NativeSampler.draft
 
-    def traced_draft(self, logits, probs_out):
-        t = draft(self, logits, probs_out)
+    def traced_draft(self, logits, probs_out, **kw):
+        t = draft(self, logits, probs_out, **kw)
         drafts.append((np.array(logits), np.array(probs_out), t))
         return t
 
