@@ -350,6 +350,14 @@ def test_resume_decodes_only_the_missing_runs_and_refuses_other_options(tiny_pai
     # same seed, same tokens: the resumed runs equal the first sitting's
     assert [r["text"] for r in again["runs"]] == [r["text"] for r in full["runs"]]
     assert len(journal.read_text().splitlines()) == 1 + n
+    # a sitting on the first prompt only, then one on all: the prompt set may grow
+    short = tmp_path / "short"
+    bench.run_bench(bench.plan_bench(dict(given, limit=1), warmup=False), progress=False,
+                    output=short)
+    calls.clear()
+    grown = bench.run_bench(plan, progress=False, output=short, resume=True)
+    assert len(calls) == n - len(plan.configs)
+    assert [r["text"] for r in grown["runs"]] == [r["text"] for r in full["runs"]]
     other = bench.plan_bench(dict(given, n_predict=7), warmup=False)
     with pytest.raises(InputError, match="request.n_predict differs"):
         bench.run_bench(other, progress=False, output=tmp_path, resume=True)

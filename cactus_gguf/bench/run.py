@@ -190,8 +190,9 @@ def _plain(v):
 def open_journal(directory: str | os.PathLike[str], plan: BenchPlan, resume: bool
                  ) -> tuple[Path, list[dict]]:
     """The run journal DIR/runs.jsonl and the runs it already holds. ``resume``: keep them (the
-    plan must match the one recorded; a line cut short by an interruption is dropped); else
-    start it afresh. Raises InputError (param resume) for a missing journal or other options."""
+    plan must match the one recorded, except that the prompt list may have grown, e.g. a larger
+    --limit; a line cut short by an interruption is dropped); else start it afresh. Raises
+    InputError (param resume) for a missing journal or other options."""
     path = Path(directory) / JOURNAL
     want = plan_fingerprint(plan)
     if not resume:
@@ -208,7 +209,7 @@ def open_journal(directory: str | os.PathLike[str], plan: BenchPlan, resume: boo
         raise InputError(f"{{resume}}: {path} does not start with a benchmark plan",
                          param="resume") from None
     for key in want:
-        if have.get(key) != want[key]:
+        if key != "prompts" and have.get(key) != want[key]:
             detail = (next((f"{key}.{k}" for k in want[key] if have[key].get(k) != want[key][k]),
                            key) if isinstance(want[key], dict) and isinstance(have.get(key), dict)
                       else key)
@@ -221,8 +222,18 @@ def open_journal(directory: str | os.PathLike[str], plan: BenchPlan, resume: boo
             done.append(json.loads(line))
         except ValueError:
             break  # the last line of an interrupted sitting
-    if len(done) < len(lines) - 1:  # drop the cut line, so the next run starts a line of its own
-        path.write_text("".join(ln + "\n" for ln in lines[:1 + len(done)]), encoding="utf-8")
+    # The prompt set may grow between sittings (--limit 20, then all): the runs kept must be of
+    # prompts this plan has, at the same index (the seed is the base seed + the index).
+    index = {p: i for i, p in enumerate(want["prompts"])}
+    before = {p: i for i, p in enumerate(have.get("prompts", []))}
+    for r in done:
+        if index.get(r.get("prompt"), -1) != before.get(r.get("prompt"), -2):
+            raise InputError(f"{{resume}}: {directory} holds runs of prompt {r['prompt']!r}, "
+                             "which this run's prompts do not have at the same place: give the "
+                             "same prompts (a longer --limit is fine)", param="resume")
+    # the journal now describes this plan and holds whole lines only
+    path.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n"
+                            for x in [{"plan": want}, *done]), encoding="utf-8")
     return path, done
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -155,8 +156,10 @@ def tokenizer_for(model) -> Any:
     from llguidance.llamacpp import lltokenizer_from_vocab
 
     eog = [t for t in range(model.n_vocab) if llama_cpp.llama_vocab_is_eog(model.vocab, t)]
-    return lltokenizer_from_vocab(model.vocab, n_vocab=model.n_vocab,
-                                  eos_token=eog or model.eos)
+    with warnings.catch_warnings():  # the helper calls a llama-cpp-python alias deprecated in
+        warnings.simplefilter("ignore", DeprecationWarning)  # 0.3.x, once per token
+        return lltokenizer_from_vocab(model.vocab, n_vocab=model.n_vocab,
+                                      eos_token=eog or model.eos)
 
 
 class Constraint:
