@@ -162,8 +162,7 @@ def plot_quality(report: dict, path: str | os.PathLike[str]) -> Path | None:
         y = 100 * s["pass_at_1"]
         ci = s.get("pass_at_1_ci95") or [s["pass_at_1"]] * 2
         ax.errorbar([al], [y], yerr=[[y - 100 * ci[0]], [100 * ci[1] - y]], fmt="o", capsize=4,
-                    color="black" if s["method"] == "none" else None)
-        ax.annotate(s["label"], (al, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+                    color="black" if s["method"] == "none" else None, label=s["label"])
     none = next((s for s in points if s["method"] == "none"), None)
     if none is not None:
         ax.axhline(100 * none["pass_at_1"], color="black", lw=0.8, ls=":")
@@ -171,6 +170,7 @@ def plot_quality(report: dict, path: str | os.PathLike[str]) -> Path | None:
     ax.set_xlabel("acceptance length AL (accepted drafts per verification step)")
     ax.set_ylabel("pass@1, % (95% Wilson interval)")
     ax.set_title(f"Task quality against acceptance, {n} problems")
+    ax.legend(fontsize=8, loc="lower center")
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=120)
