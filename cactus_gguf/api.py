@@ -224,8 +224,10 @@ def execute_run(plan: RunPlan, on_text: Callable[[str], None] | None = None) -> 
 
     Raises ModelLoadError / VocabMismatchError / ContextLengthError / registry errors, all with
     one-line messages; :class:`Interrupted` (a KeyboardInterrupt) with the partial result on
-    Ctrl-C.
+    Ctrl-C; RpcServerLostError (an RPC server died) with the partial result as ``e.result``.
     """
+    from .llama.devices import RpcServerLostError
+
     stream = None
     try:
         with open_engine(plan) as engine:
@@ -238,6 +240,9 @@ def execute_run(plan: RunPlan, on_text: Callable[[str], None] | None = None) -> 
             return stream.result
     except KeyboardInterrupt:
         raise Interrupted(stream.partial() if stream is not None else None) from None
+    except RpcServerLostError as e:  # the text so far is kept: the error carries it
+        e.result = stream.partial("error") if stream is not None else None
+        raise
 
 
 def nothing_generated(plan: RunPlan) -> GenerationResult:

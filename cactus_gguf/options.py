@@ -28,7 +28,7 @@ from .errors import InputError
 
 __all__ = ["Option", "OPTIONS", "LoadOptions", "Request", "options_in", "default", "check_value",
            "validate_pairing", "markdown_table", "constraint_of", "normalize_json_schema",
-           "CONSTRAINTS", "METHODS", "SOLVERS", "BUDGETS", "DRAFTERS"]
+           "CONSTRAINTS", "parse_endpoints", "parse_tensor_split", "METHODS", "SOLVERS", "BUDGETS", "DRAFTERS"]
 
 # The acceptance rules (index = the C helper's cg_method; "none" = no speculation, the verifier alone).
 METHODS = ("sps", "cactus", "typical", "topk", "greedy")
@@ -195,6 +195,46 @@ def normalize_json_schema(value: Any) -> Any:
                          "numbers, booleans and None only", param="json_schema") from None
 
 
+def parse_endpoints(text: str, param: str = "rpc") -> list[str]:
+    """``HOST:PORT[,HOST:PORT...]`` (llama.cpp's ``--rpc`` format) -> the endpoints, in order.
+    Raises InputError naming the malformed entry."""
+    out = []
+    for item in (s.strip() for s in text.split(",")):
+        host, sep, port = item.rpartition(":")
+        if not item or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InputError(f"{{{param}}} entry {item!r} is not HOST:PORT (e.g. "
+                             "192.168.1.20:50052); separate servers with commas", param=param)
+        if item in out:
+            raise InputError(f"{{{param}}} lists {item} twice", param=param)
+        out.append(item)
+    return out
+
+
+def parse_tensor_split(text: str) -> list[float]:
+    """``3,1`` (llama.cpp's ``--tensor-split``: the proportion of the model per device, in device
+    order) -> [3.0, 1.0]. Raises InputError for a non-number, a negative value or all zeros."""
+    try:
+        values = [float(s) for s in text.replace("/", ",").split(",")]
+    except ValueError:
+        raise InputError(f"{{tensor_split}} must be comma-separated numbers (e.g. 3,1), got "
+                         f"{text!r}", param="tensor_split") from None
+    if any(not (0 <= v < math.inf) for v in values) or not any(values):
+        raise InputError(f"{{tensor_split}} needs non-negative proportions, not all 0; got {text!r}",
+                         param="tensor_split")
+    return values
+
+
+def _endpoints(value: Any, name: str) -> Any:
+    """``--rpc`` text checked and written without spaces; other types are left to the type check."""
+    return ",".join(parse_endpoints(value, name)) if isinstance(value, str) else value
+
+
+def _tensor_split(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    return ",".join(f"{v:g}" for v in parse_tensor_split(value))
+
+
 def _is_number(x: Any, integral: bool) -> bool:
     import numbers
 
@@ -333,6 +373,30 @@ OPTIONS: tuple[Option, ...] = (
            metavar="N"),
     Option("flash_attn", str, "auto", "flash attention: auto, on, off", ("-fa", "--flash-attn"),
            scope="load", choices=("auto", "on", "off")),
+    Option("repack", bool, None, "llama.cpp's weight repacking for faster CPU kernels (extra "
+           "buffer types); default: on, except on an AMX CPU with an AMX build (llama.cpp #20824)",
+           ("--repack",), scope="load", optional=True, shown_default="auto"),
+    Option("rpc", str, None, "RPC servers (llama.cpp's `rpc-server`) the verifier's offloaded "
+           "layers go to, `HOST:PORT[,HOST:PORT...]`, each checked before loading; needs a build "
+           "with `-DGGML_RPC=on`. Unauthenticated: loopback or a trusted network only",
+           ("--rpc",), scope="load", optional=True, metavar="SERVERS", shown_default="none",
+           normalize=lambda v: _endpoints(v, "rpc")),
+    Option("rpc_draft", str, None, "RPC servers for the draft's offloaded layers (format of "
+           "`--rpc`; default: the draft stays on this machine)", ("--rpc-draft",), scope="load",
+           optional=True, metavar="SERVERS", shown_default="none",
+           normalize=lambda v: _endpoints(v, "rpc_draft")),
+    Option("device", str, None, "devices for the verifier's offloaded layers, comma-separated "
+           "llama.cpp names (CUDA0, Metal, RPC0, ...; `none` = CPU only); default: this machine's "
+           "GPUs, then the `--rpc` servers", ("-dev", "--device"), scope="load", optional=True,
+           metavar="DEVS", shown_default="GPUs + --rpc"),
+    Option("device_draft", str, None, "devices for the draft's offloaded layers (as `--device`); "
+           "default: this machine's GPUs, then the `--rpc-draft` servers",
+           ("-devd", "--device-draft"), scope="load", optional=True, metavar="DEVS",
+           shown_default="GPUs + --rpc-draft"),
+    Option("tensor_split", str, None, "proportion of the verifier's offloaded layers per device, "
+           "in device order, e.g. `3,1` (llama.cpp's `--tensor-split`)", ("-ts", "--tensor-split"),
+           scope="load", optional=True, metavar="N0,N1,...", shown_default="by free memory",
+           normalize=lambda v: _tensor_split(v)),
     # -- run: output -----------------------------------------------------------------------------
     Option("json", bool, False, "print one JSON object (text, settings, all statistics) instead of "
            "streaming", ("--json",), scope="run", commands=frozenset({"run", "models"})),

@@ -86,7 +86,10 @@ def run(ctx: click.Context, verifier, draft, **_options) -> None:
         out.silence()
         report_error(e)
     except (CactusError, ValueError, RuntimeError, OSError) as e:
-        if out.printed:
+        partial = getattr(e, "result", None)  # an RPC server lost mid-generation
+        if as_json and partial is not None:
+            out.json(api.result_json(partial, plan))
+        elif out.printed:
             out.write("\n")
         report_error(e)
     try:

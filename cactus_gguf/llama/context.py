@@ -10,6 +10,7 @@ back to its state before the call.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -21,7 +22,7 @@ from llama_cpp import _internals
 
 from ..errors import CapacityError, EngineError, InputError
 from ..options import check_value, default
-from . import log
+from . import devices, log
 from .hw import default_threads, physical_memory
 from .model import ModelLoadError, Model, ModelOptions
 
@@ -62,6 +63,10 @@ class ContextOptions:
 _FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
                "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+
+
+def _direct(fn, *args):
+    return fn(*args)
 
 
 class Context:
@@ -110,6 +115,11 @@ class Context:
                                  f"(n_ctx={options.n_ctx}): {log.last_error()}") from None
         self.ptr = self._ctx.ctx
         self.memory = self._ctx.memory
+        # Layers on an RPC server: the calls that talk to it run on devices' worker thread, so a
+        # server lost mid-call raises RpcServerLostError here instead of aborting the process.
+        self._call = devices.rpc_call if model.remote else _direct
+        if model.remote:
+            devices.abandon_on_loss(self._abandon)
         self.n_ctx: int = llama_cpp.llama_n_ctx(self.ptr)
         self.n_batch: int = llama_cpp.llama_n_batch(self.ptr)
         self.tokens: list[int] = []
@@ -137,6 +147,11 @@ class Context:
             raise
 
     # -- lifetime ----------------------------------------------------------------------------------
+
+    def _abandon(self) -> None:
+        """After a lost RPC server: never free the context (llama.cpp would wait for the server)."""
+        if self._ctx is not None:
+            self._ctx._exit_stack = contextlib.ExitStack()
 
     def close(self) -> None:
         """Free the batch and the context, then the model if this context owns it. Idempotent."""
@@ -203,7 +218,7 @@ class Context:
             if first_out < m:
                 self._b_logits[first_out:m] = 1
             self._batch.batch.n_tokens = m
-            rc = llama_cpp.llama_decode(self.ptr, self._batch.batch)
+            rc = self._call(llama_cpp.llama_decode, self.ptr, self._batch.batch)
             if rc != 0:
                 # let truncate() drop whatever the failed call may have stored
                 self.tokens.extend(int(t) for t in chunk)
@@ -216,7 +231,7 @@ class Context:
 
     def logits(self, n_rows: int) -> np.ndarray:
         """The last decode's output logits: float32 [n_rows, V], a zero-copy view."""
-        ptr = llama_cpp.llama_get_logits(self.ptr)
+        ptr = self._call(llama_cpp.llama_get_logits, self.ptr)  # waits for the device's copy
         if not ptr:
             raise DecodeError("llama_get_logits returned NULL")
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
@@ -236,7 +251,7 @@ class Context:
 
     def clear(self) -> None:
         """Empty the KV cache."""
-        llama_cpp.llama_memory_clear(self.memory, True)
+        self._call(llama_cpp.llama_memory_clear, self.memory, True)
         self.tokens.clear()
 
     def shared_prefix(self, target: Sequence[int]) -> int:

@@ -6,6 +6,7 @@ Contexts (KV cache, decoding) are in ``context.py``; a model outlives its contex
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from llama_cpp import _internals
 
 from ..errors import EngineError, InputError
 from ..options import check_value, default
-from . import log
+from . import devices, log
 from .hw import build_has_amx, cpu_has_amx
 
 __all__ = ["ModelOptions", "ModelLoadError", "Model", "check_gguf_path"]
@@ -37,11 +38,20 @@ class ModelOptions:
     repack: allow llama.cpp's extra buffer types (weight repacking for faster CPU kernels).
         None = automatic: on, except when both the CPU and the llama.cpp build have AMX, where
         repacking Q4_K weights into AMX buffers segfaults (llama.cpp issue #20824).
+    device: the devices the offloaded layers go to (llama.cpp ``--device``: comma-separated
+        names, ``none`` = CPU only); None = this machine's GPUs, then the ``rpc`` servers.
+    rpc: RPC servers for the offloaded layers, ``HOST:PORT[,...]`` (llama.cpp ``--rpc``).
+    tensor_split: proportions of the offloaded layers per device, ``3,1`` (``--tensor-split``).
+    The option names of the error messages are ``option_names``' (a draft's are ``*_draft``).
     """
 
     n_gpu_layers: int = default("n_gpu_layers")
     use_mmap: bool = True
     repack: bool | None = None
+    device: str | None = None
+    rpc: str | None = None
+    tensor_split: str | None = None
+    option_names: tuple[str, str, str] = ("device", "rpc", "tensor_split")
 
     def __post_init__(self) -> None:
         check_value("n_gpu_layers", self.n_gpu_layers)
@@ -88,6 +98,17 @@ class Model:
         mparams.load_mode = (llama_cpp.LLAMA_LOAD_MODE_MMAP if options.use_mmap
                              else llama_cpp.LLAMA_LOAD_MODE_NONE)
         mparams.use_extra_bufts = options.resolved_repack()
+        dev_name, rpc_name, _ = options.option_names
+        # kept referenced: llama.cpp reads both arrays while it loads
+        self._devices = devices.device_list(options.device, options.rpc, param_device=dev_name,
+                                            param_rpc=rpc_name)
+        self._tensor_split = devices.tensor_split(options.tensor_split)
+        if self._devices is not None:
+            mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        if self._tensor_split is not None:
+            mparams.tensor_split = self._tensor_split
+        #: layers on an RPC server: llama.cpp calls go through devices.rpc_call
+        self.remote = devices.uses_rpc(self._devices)
         log.clear_errors()
         try:
             with log.critical():
@@ -95,11 +116,18 @@ class Model:
                                                     verbose=True)
         except ValueError:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {log.last_error()}") from None
+        if self.remote:
+            devices.abandon_on_loss(self._abandon)
         self.ptr = self._model.model
         self.vocab = self._model.vocab
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(self.ptr)
         self._piece_buf = ctypes.create_string_buffer(256)
+
+    def _abandon(self) -> None:
+        """After a lost RPC server: never free (llama.cpp would wait for the dead server)."""
+        if self._model is not None:
+            self._model._exit_stack = contextlib.ExitStack()
 
     def close(self) -> None:
         """Free the weights. Idempotent."""

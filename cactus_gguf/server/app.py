@@ -103,6 +103,8 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
         if worker.state == "loading":
             return JSONResponse({"status": "loading"}, status_code=503,
                                 headers={"Retry-After": "1"})
+        if worker.state == "lost":  # an RPC server died: restart it and this server
+            return error(503, worker.error, type_="server_error", code="rpc_server_lost")
         return error(500, f"the models failed to load: {worker.error}", type_="server_error")
 
     @app.get("/metrics")
@@ -200,6 +202,8 @@ async def _next_event(job: Job, request: HttpRequest):
 
 async def _generate(request: HttpRequest, body, prompt, chat: bool, config: ServerConfig,
                     worker: Worker):
+    if worker.state == "lost":
+        return error(503, worker.error, type_="server_error", code="rpc_server_lost")
     if worker.state != "ready":
         return error(503, "the models are still loading" if worker.state == "loading"
                      else f"the models failed to load: {worker.error}", type_="server_error",

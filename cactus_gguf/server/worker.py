@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import CapacityError, EngineError, InputError
+from ..llama.devices import RpcServerLostError
 
 __all__ = ["Job", "Worker", "QueueFullError"]
 
@@ -151,6 +152,9 @@ class Worker:
             result = stream.result if stream.result is not None else stream.partial(job.stopped_by)
             stream.close()
             job.put("done", result)
+        except RpcServerLostError as e:  # every later request would fail too: /health says so
+            self.state, self.error = "lost", str(e)
+            job.put("error", e)
         except (InputError, CapacityError, EngineError) as e:
             job.put("error", e)
         except Exception as e:  # noqa: BLE001 - an engine failure must not end the server

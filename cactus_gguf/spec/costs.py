@@ -81,7 +81,10 @@ def _key(engine, k_max: int) -> str:
     lo = engine.load_options
     parts = [_file_key(engine.verifier.model.path), _file_key(engine.draft.model.path),
              system_info(), str(engine.verifier.n_threads), str(engine.verifier.n_ctx),
-             str(lo.n_gpu_layers), str(lo.n_gpu_layers_draft), str(k_max)]
+             str(lo.n_gpu_layers), str(lo.n_gpu_layers_draft), str(k_max),
+             # where the layers run: an RPC server's costs are its machine's and its network's
+             str(lo.device), str(lo.rpc), str(lo.device_draft), str(lo.rpc_draft),
+             str(lo.tensor_split)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 

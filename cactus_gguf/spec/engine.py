@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import ContextLengthError, EngineBusyError, InputError
 from ..llama import Context, ContextOptions, ModelOptions
+from ..llama.devices import RpcServerLostError, check_servers
 from ..options import LoadOptions, Request, constraint_of, validate_pairing
 from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampling_params
 from ..sampling.constraints import Constraint, tokenizer_for
@@ -141,7 +142,7 @@ class Engine:
         defaults: the Request each call starts from (its keyword overrides apply on top).
         draft_context: the draft's own context options, when they should differ (e.g. a smaller
             n_ctx); default: the verifier's.
-        repack: weight repacking for both models (None = automatic, see ModelOptions).
+        repack: weight repacking for both models, overriding ``load.repack`` (None = that).
     Raises:
         ModelLoadError (a file llama.cpp cannot load), VocabMismatchError (an incompatible pair),
         KvCacheTooLargeError, InputError (bad options). Nothing stays loaded after an error.
@@ -153,16 +154,24 @@ class Engine:
         self.load_options = load if load is not None else LoadOptions()
         self.defaults = defaults if defaults is not None else Request()
         lo = self.load_options
+        repack = repack if repack is not None else lo.repack
         ctx_opts = ContextOptions(n_ctx=lo.n_ctx, n_batch=lo.n_batch, n_threads=lo.n_threads,
                                   flash_attn=lo.flash_attn)
         self.verifier: Context | None = None
         self.draft: Context | None = None
+        check_servers(rpc=lo.rpc, rpc_draft=lo.rpc_draft if draft is not None else None)
         try:
             self.verifier = Context.load(_model_path(verifier, "model"),
-                                         ModelOptions(lo.n_gpu_layers, repack=repack), ctx_opts)
+                                         ModelOptions(lo.n_gpu_layers, repack=repack,
+                                                      device=lo.device, rpc=lo.rpc,
+                                                      tensor_split=lo.tensor_split),
+                                         ctx_opts)
             if draft is not None:
                 self.draft = Context.load(_model_path(draft, "model_draft"),
-                                          ModelOptions(lo.n_gpu_layers_draft, repack=repack),
+                                          ModelOptions(lo.n_gpu_layers_draft, repack=repack,
+                                                       device=lo.device_draft, rpc=lo.rpc_draft,
+                                                       option_names=("device_draft", "rpc_draft",
+                                                                     "tensor_split")),
                                           draft_context or ctx_opts)
                 check_vocab_compatible(self.verifier.model, self.draft.model)
         except BaseException:

@@ -1,0 +1,139 @@
+"""llama.cpp with its RPC backend, built for the RPC tests (tests/test_rpc.py) and the RPC benchmark.
+
+``rpc_build()`` compiles the llama.cpp source vendored in the pinned llama-cpp-python release (its
+sdist, fetched from the package index) with ``-DGGML_RPC=ON``: the shared libraries (libllama, libggml*)
+and llama.cpp's ``ggml-rpc-server`` (tools/rpc). It runs once per llama-cpp-python version and caches the result in
+``~/.cache/cactus-gguf/rpc-build/<version>/`` (``$CACTUS_GGUF_CACHE`` moves it); about 5 minutes on
+2 cores. A process runs cactus-gguf on that build with ``LLAMA_CPP_LIB_PATH=<build>/lib`` (read by
+llama-cpp-python when it loads libllama), so the tests need no second pip install.
+
+By hand: ``python tests/rpc_support.py`` builds (or finds) it and prints the two paths.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["RpcBuild", "rpc_build", "RpcServer", "free_port"]
+
+
+@dataclass(frozen=True)
+class RpcBuild:
+    lib: Path          # directory of libllama.so, libggml*.so (LLAMA_CPP_LIB_PATH)
+    rpc_server: Path   # llama.cpp's ggml-rpc-server binary
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment of a process that runs cactus-gguf or the rpc-server on this build."""
+        return {**os.environ, "LLAMA_CPP_LIB_PATH": str(self.lib),
+                "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(self.lib),
+                                                                  os.environ.get("LD_LIBRARY_PATH")])),
+                **extra}
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("CACTUS_GGUF_CACHE")
+    return Path(base) if base else Path.home() / ".cache" / "cactus-gguf"
+
+
+def _run(cmd: list[str], log: Path, cwd: Path | None = None) -> None:
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        r = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT)
+    if r.returncode != 0:
+        tail = log.read_text(errors="replace").splitlines()[-30:]
+        raise RuntimeError(f"{cmd[0]} failed ({r.returncode}); last lines of {log}:\n" + "\n".join(tail))
+
+
+def rpc_build() -> RpcBuild:
+    """Build (once) or find llama.cpp with RPC for the installed llama-cpp-python version."""
+    from importlib.metadata import version
+
+    ver = version("llama-cpp-python")
+    root = _cache_root() / "rpc-build" / ver
+    built = RpcBuild(lib=root / "lib", rpc_server=root / "bin" / "ggml-rpc-server")
+    if (root / "DONE").exists() and built.rpc_server.exists():
+        return built
+    root.mkdir(parents=True, exist_ok=True)
+    log = root / "build.log"
+    log.write_text("")
+    with tempfile.TemporaryDirectory(prefix="cactus-rpc-") as tmp:
+        tmp = Path(tmp)
+        _run([sys.executable, "-m", "pip", "download", f"llama-cpp-python=={ver}", "--no-deps",
+              "--no-binary", ":all:", "-d", str(tmp), "-q"], log)
+        sdist = next(tmp.glob("llama_cpp_python-*.tar.gz"))
+        with tarfile.open(sdist) as tf:
+            members = [m for m in tf.getmembers() if "/vendor/llama.cpp/" in m.name]
+            tf.extractall(tmp, members=members, filter="data")
+        src = next(tmp.glob("llama_cpp_python-*/vendor/llama.cpp"))
+        build = tmp / "build"
+        _run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+              "-DBUILD_SHARED_LIBS=ON", "-DGGML_RPC=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON",
+              "-DCMAKE_BUILD_RPATH=$ORIGIN", "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+              "-DCMAKE_INSTALL_RPATH=$ORIGIN"], log)
+        _run(["cmake", "--build", str(build), "--target", "llama", "ggml-rpc-server", "-j",
+              str(os.cpu_count() or 2)], log)
+        shutil.rmtree(built.lib, ignore_errors=True)
+        built.lib.mkdir(parents=True)
+        built.rpc_server.parent.mkdir(parents=True, exist_ok=True)
+        for so in (build / "bin").glob("*.so*"):
+            shutil.copy2(so, built.lib / so.name, follow_symlinks=True)
+        shutil.copy2(build / "bin" / "ggml-rpc-server", built.rpc_server)
+    (root / "DONE").write_text(ver + "\n")
+    return built
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on at 127.0.0.1 (just now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RpcServer:
+    """llama.cpp's ``ggml-rpc-server`` on 127.0.0.1 at a free port; a context manager. ``endpoint`` is the
+    ``HOST:PORT`` to give ``--rpc``; ``kill()`` ends it abruptly (SIGKILL), as a crash would."""
+
+    def __init__(self, build: RpcBuild, *, threads: int = 1) -> None:
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([str(build.rpc_server), "-H", "127.0.0.1", "-p", str(self.port),
+                                      "-t", str(threads)], env=build.env(),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"rpc-server exited ({self.proc.returncode}) at start")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.kill()
+        raise RuntimeError("rpc-server did not listen within 30 s")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "RpcServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill()
+
+
+if __name__ == "__main__":
+    b = rpc_build()
+    print(f"LLAMA_CPP_LIB_PATH={b.lib}")
+    print(f"rpc-server: {b.rpc_server}")
