@@ -167,7 +167,8 @@ def test_kill_mid_generation_json_keeps_the_partial_result(build, qwen_pair):
 
 @pytest.mark.parametrize("value, fragment", [
     ("localhost", "'localhost' is not HOST:PORT"), ("h:0", "'h:0' is not HOST:PORT"),
-    ("h:70000", "is not HOST:PORT"), ("a:1,,b:2", "'' is not HOST:PORT"), ("a:1,a:1", "twice")])
+    ("h:70000", "is not HOST:PORT"), ("a:1,,b:2", "'' is not HOST:PORT"), ("a:1,a:1", "twice"),
+    ("[::1]:50052", "not IPv6")])
 def test_malformed_addresses_are_refused_before_anything_loads(value, fragment):
     from cactus_gguf.errors import InputError
     from cactus_gguf.options import LoadOptions
@@ -180,8 +181,8 @@ def test_malformed_addresses_are_refused_before_anything_loads(value, fragment):
 def test_addresses_and_split_are_normalized():
     from cactus_gguf.options import LoadOptions
 
-    lo = LoadOptions(rpc=" 10.0.0.2:50052 , [::1]:50053", tensor_split="3/1")
-    assert (lo.rpc, lo.tensor_split) == ("10.0.0.2:50052,[::1]:50053", "3,1")
+    lo = LoadOptions(rpc=" 10.0.0.2:50052 , gpu-box:50053", tensor_split="3/1")
+    assert (lo.rpc, lo.tensor_split) == ("10.0.0.2:50052,gpu-box:50053", "3,1")
 
 
 def _fake_rpc_server(reply: bytes):
@@ -224,7 +225,7 @@ def test_probe_reads_the_protocol_version():
     ep, t, _ = _fake_rpc_server(struct.pack("<Q", 28) + bytes([3, 0, 1, 0]) + bytes(24))
     with pytest.raises(RpcError) as e:
         probe(ep, "rpc")
-    assert "speaks RPC protocol 3.0.1, this llama.cpp 7.x" in str(e.value) and ep in str(e.value)
+    assert "speaks RPC protocol 3.0.1, this llama.cpp 7.0" in str(e.value) and ep in str(e.value)
 
 
 def test_without_an_rpc_build_the_error_says_how_to_rebuild():

@@ -107,9 +107,9 @@ class Context:
         cparams.no_perf = True
         log.clear_errors()
         try:
-            with log.critical():
-                self._ctx = _internals.LlamaContext(model=model._model, params=cparams,
-                                                    verbose=True)
+            with log.critical():  # allocates the KV cache on the model's devices
+                self._ctx = devices.call(model.remote, lambda: _internals.LlamaContext(
+                    model=model._model, params=cparams, verbose=True))
         except ValueError:
             raise ModelLoadError(f"llama.cpp could not create a context for {model.path} "
                                  f"(n_ctx={options.n_ctx}): {log.last_error()}") from None
@@ -158,7 +158,7 @@ class Context:
         for attr in ("_batch", "_ctx"):
             obj = getattr(self, attr, None)
             if obj is not None:
-                obj.close()
+                devices.free(self.model.remote, obj.close)
                 setattr(self, attr, None)
         if self.owns_model:
             self.model.close()

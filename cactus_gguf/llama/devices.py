@@ -30,6 +30,7 @@ import socket
 import struct
 import sys
 import threading
+import weakref
 from typing import Any, Callable, Sequence
 
 import llama_cpp
@@ -38,7 +39,7 @@ from ..errors import EngineError, InputError
 from ..options import parse_endpoints, parse_tensor_split
 
 __all__ = ["RpcError", "RpcServerLostError", "probe", "check_servers",
-           "device_list", "tensor_split", "rpc_call", "rpc_lost", "abandon_on_loss", "list_devices"]
+           "device_list", "tensor_split", "call", "free", "rpc_call", "rpc_lost", "abandon_on_loss", "list_devices"]
 
 # ggml-rpc's wire format (ggml/src/ggml-rpc/ggml-rpc.cpp of the vendored llama.cpp): a command byte,
 # a uint64 payload size, the payload; the answer is a uint64 size and its payload. HELLO is command
@@ -47,7 +48,7 @@ __all__ = ["RpcError", "RpcServerLostError", "probe", "check_servers",
 _RPC_CMD_HELLO = 14
 _HELLO_REQ_SIZE = 24
 _HELLO_RSP_SIZE = 28
-_RPC_PROTO_MAJOR = 7
+_RPC_PROTO_MAJOR, _RPC_PROTO_MINOR = 7, 0  # ggml-rpc.h; the client refuses minor > its own
 PROBE_TIMEOUT = 3.0  # seconds, connect and handshake each
 
 # enum ggml_backend_dev_type (ggml-backend.h)
@@ -80,7 +81,6 @@ def probe(endpoint: str, param: str = "rpc", timeout: float = PROBE_TIMEOUT) -> 
     speaks another protocol version.
     """
     host, _, port = endpoint.rpartition(":")
-    host = host.strip("[]")
     hint = (f"start it there with `rpc-server -H {host} -p {port}` (built from llama-cpp-python "
             f"{llama_cpp.__version__}'s vendored llama.cpp)")
     try:
@@ -105,9 +105,10 @@ def probe(endpoint: str, param: str = "rpc", timeout: float = PROBE_TIMEOUT) -> 
                        f"(it serves one at a time), or it is from another llama.cpp version; {hint}",
                        param=param)
     major, minor, patch = body[0], body[1], body[2]
-    if major != _RPC_PROTO_MAJOR:
+    if major != _RPC_PROTO_MAJOR or minor > _RPC_PROTO_MINOR:
         raise RpcError(f"the rpc-server at {endpoint} ({{{param}}}) speaks RPC protocol "
-                       f"{major}.{minor}.{patch}, this llama.cpp {_RPC_PROTO_MAJOR}.x: {hint}",
+                       f"{major}.{minor}.{patch}, this llama.cpp "
+                       f"{_RPC_PROTO_MAJOR}.{_RPC_PROTO_MINOR}: {hint}",
                        param=param)
 
 
@@ -224,7 +225,7 @@ def device_list(device: str | None, rpc: str | None, *, param_device: str = "dev
     registered in this process (else the default would also take another model's servers).
 
     device: comma-separated device names (``--device``; ``none`` = CPU only), e.g. ``CUDA0,RPC0``;
-        default: this machine's GPUs, then the devices of ``rpc``.
+        default: the devices of ``rpc``, then this machine's GPUs (llama.cpp's order).
     rpc: this model's RPC servers, ``HOST:PORT[,...]`` (each probed, then registered).
     Raises RpcError (a server), InputError (an unknown device name, listing the known ones).
     """
@@ -241,12 +242,17 @@ def device_list(device: str | None, rpc: str | None, *, param_device: str = "dev
                     known = ", ".join(n for n in by_name) or "none"
                     raise InputError(f"{{{param_device}}} {name!r} is not a device of this machine "
                                      f"(known: {known}; `none` = CPU only)", param=param_device)
+                if _fn("ggml_backend_dev_type", ctypes.c_int, [_P])(by_name[name]) == _DEV_CPU:
+                    raise InputError(f"{{{param_device}}} names the CPU ({name}): list only "
+                                     "offload devices; layers not offloaded run on the CPU "
+                                     "(`none` = CPU only)", param=param_device)
                 chosen.append(by_name[name])
     else:
         dev_type = _fn("ggml_backend_dev_type", ctypes.c_int, [_P])
         local = [d for d in _all_devices() if d not in _rpc_dev_ptrs
                  and dev_type(d) in (_DEV_GPU, _DEV_IGPU)]
-        chosen = local + remote
+        chosen = remote + local  # llama.cpp's order (src/llama.cpp): servers first, the output
+        # layer on the last device, so the logits need not cross the network
     return (_P * (len(chosen) + 1))(*chosen, None)
 
 
@@ -273,7 +279,8 @@ def uses_rpc(devices: ctypes.Array | None) -> bool:
 
 _lost = threading.Event()
 _lost_message = ""
-_abandon: list[Callable[[], None]] = []   # run once on loss: stop freeing what the dead server holds
+_lost_text: str | None = None     # the description, computed once
+_abandon: list[Callable[[], Callable[[], None] | None]] = []  # weak: run once on loss
 _abort_callback = None
 
 
@@ -284,21 +291,26 @@ def _on_abort(message: bytes) -> None:
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
         return
-    first = not _lost.is_set()
-    if first:
+    if not _lost.is_set():
         _lost_message = text.split(": ", 1)[-1]
-        _lost.set()
-        for fn in _abandon:
-            fn()
+        # first make every model / context on RPC devices unfreeable, then tell the callers:
+        # a caller that raises at once must find nothing left to free
+        for ref in _abandon:
+            fn = ref()
+            if fn is not None:
+                fn()
         atexit.register(_exit_without_freeing)
+        _lost.set()
     if threading.current_thread() is threading.main_thread():
-        # an unguarded call (a load, a context's creation): nobody else can report it; end here
+        # a connection made on the caller's thread (ggml-rpc connects lazily) failed, and nobody
+        # else can report it: end here
         sys.stdout.flush()
         sys.stderr.write(f"cactus-gguf: error: {_lost_description()}\n")
         sys.stderr.flush()
         os._exit(RpcServerLostError.exit_code)
     # ggml-rpc's dispatcher thread (or the RPC worker): park it for good (returning would abort()
-    # the process); the caller waiting on it raises now, or the next rpc_call() does
+    # the process). Every llama.cpp call that can wait for it runs through rpc_call(), whose
+    # caller raises now, or the next one does.
     threading.Event().wait()
 
 
@@ -318,17 +330,20 @@ def _install_abort_guard() -> None:
 
 
 def _lost_description() -> str:
-    dead = [ep for ep in _rpc_regs if not _listening(ep)]
-    where = (f"the RPC server at {', '.join(dead)}" if dead
-             else "an RPC server (" + ", ".join(_rpc_regs) + ")")
-    return (f"{where} stopped answering (llama.cpp: {_lost_message}); restart it and cactus-gguf "
-            "(this process cannot reconnect)")
+    global _lost_text
+    if _lost_text is None:
+        dead = [ep for ep in _rpc_regs if not _listening(ep)]
+        where = (f"the RPC server at {', '.join(dead)}" if dead
+                 else "an RPC server (" + ", ".join(_rpc_regs) + ")")
+        _lost_text = (f"{where} stopped answering (llama.cpp: {_lost_message}); restart it and "
+                      "cactus-gguf (this process cannot reconnect)")
+    return _lost_text
 
 
 def _listening(endpoint: str) -> bool:
     host, _, port = endpoint.rpartition(":")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+        socket.create_connection((host, int(port)), timeout=1.0).close()
         return True
     except OSError:
         return False
@@ -339,15 +354,17 @@ def rpc_lost() -> bool:
     return _lost.is_set()
 
 
-def abandon_on_loss(fn: Callable[[], None]) -> None:
-    """Run ``fn`` (once) when an RPC server is lost: it must make a model / context on RPC devices
-    skip llama.cpp's free (which would wait for the dead server forever)."""
-    _abandon.append(fn)
+def abandon_on_loss(method: Callable[[], None]) -> None:
+    """Call the bound ``method`` (once) when an RPC server is lost, if its object still lives: it
+    must make a model / context on RPC devices skip llama.cpp's free (which would wait for the
+    dead server forever). Held weakly."""
+    _abandon.append(weakref.WeakMethod(method))
 
 
 class _Worker:
-    """One daemon thread that makes the llama.cpp calls of models on RPC devices, so that the
-    caller can give up on a call the dead server will never complete."""
+    """One daemon thread that makes the llama.cpp calls of models on RPC devices (load, context
+    creation, decode, logits, clear, free), so that the caller can give up on a call the dead
+    server will never complete."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -365,17 +382,19 @@ class _Worker:
     def call(self, fn: Callable, args: Sequence) -> Any:
         box: list = []
         done = threading.Event()
-        try:
-            self._jobs.put((fn, args, box, done))
-            while not done.wait(0.05):
-                if _lost.is_set():
-                    raise RpcServerLostError(_lost_description())
-            ok, value = box[0]
-        except KeyboardInterrupt:  # finish the call first: the context must stay consistent
-            while not done.wait(0.05):
-                if _lost.is_set():
-                    raise RpcServerLostError(_lost_description()) from None
-            raise
+        self._jobs.put((fn, args, box, done))
+        interrupted = False
+        while True:
+            try:
+                while not done.wait(0.05):
+                    if _lost.is_set():
+                        raise RpcServerLostError(_lost_description())
+                break
+            except KeyboardInterrupt:  # finish the call first: the context must stay consistent
+                interrupted = True
+        if interrupted:
+            raise KeyboardInterrupt
+        ok, value = box[0]
         if not ok:
             raise value
         return value
@@ -385,10 +404,25 @@ _worker: _Worker | None = None
 _worker_lock = threading.Lock()
 
 
+def call(remote: bool, fn: Callable, *args) -> Any:
+    """``fn(*args)``: through :func:`rpc_call` for a model with RPC devices, else directly."""
+    return rpc_call(fn, *args) if remote else fn(*args)
+
+
+def free(remote: bool, fn: Callable[[], None]) -> None:
+    """Run a llama.cpp free ``fn`` of a model / context; on RPC devices through the worker, and
+    not at all once a server was lost (the object was abandoned: freeing would wait forever)."""
+    if not remote:
+        fn()
+    elif not _lost.is_set():
+        with contextlib.suppress(RpcServerLostError):
+            rpc_call(fn)
+
+
 def rpc_call(fn: Callable, *args) -> Any:
     """``fn(*args)`` (a llama.cpp call on a model with RPC devices) on the RPC worker thread.
     Raises RpcServerLostError at once if a server was lost, or as soon as one is lost during the
-    call (within 50 ms)."""
+    call (within 50 ms); a Ctrl-C during the call is raised once the call has returned."""
     global _worker
     if _lost.is_set():
         raise RpcServerLostError(_lost_description())

@@ -112,8 +112,8 @@ class Model:
         log.clear_errors()
         try:
             with log.critical():
-                self._model = _internals.LlamaModel(path_model=str(self.path), params=mparams,
-                                                    verbose=True)
+                self._model = devices.call(self.remote, lambda: _internals.LlamaModel(
+                    path_model=str(self.path), params=mparams, verbose=True))
         except ValueError:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {log.last_error()}") from None
         if self.remote:
@@ -132,7 +132,7 @@ class Model:
     def close(self) -> None:
         """Free the weights. Idempotent."""
         if self._model is not None:
-            self._model.close()
+            devices.free(self.remote, self._model.close)
             self._model = None
 
     @property
