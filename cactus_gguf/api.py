@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import InputError
-from .options import BY_NAME, LoadOptions, Request, options_in, validate_pairing
+from .options import (BY_NAME, MODEL_DRAFTERS, LoadOptions, Request, options_in,
+                      validate_pairing)
 from .stats import GenerationResult
 
 __all__ = ["RunPlan", "ServePlan", "plan_run", "plan_serve", "open_engine", "execute_run",
@@ -164,7 +165,7 @@ def _plan(given: Mapping[str, Any], command: str) -> tuple[RunPlan, dict[str, An
     request = Request(**_of_scope(values, "request"))  # k = 0: method none, no draft loaded
     load = LoadOptions(**_of_scope(values, "load"))
     validate_pairing(load, request)
-    uses_draft = request.method != "none" and request.drafter == "model"
+    uses_draft = request.method != "none" and request.drafter in MODEL_DRAFTERS
     if uses_draft and draft is None:
         raise InputError(f"method {request.method} needs a DRAFT model; give one, or use "
                          "{drafter} ngram or {method} none", param="model_draft",

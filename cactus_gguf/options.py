@@ -28,13 +28,14 @@ from .errors import InputError
 
 __all__ = ["Option", "OPTIONS", "LoadOptions", "Request", "options_in", "default", "check_value",
            "validate_pairing", "markdown_table", "constraint_of", "normalize_json_schema",
-           "CONSTRAINTS", "parse_endpoints", "parse_tensor_split", "METHODS", "SOLVERS", "BUDGETS", "DRAFTERS"]
+           "CONSTRAINTS", "parse_endpoints", "parse_tensor_split", "METHODS", "SOLVERS", "BUDGETS", "DRAFTERS", "MODEL_DRAFTERS"]
 
 # The acceptance rules (index = the C helper's cg_method; "none" = no speculation, the verifier alone).
 METHODS = ("sps", "cactus", "typical", "topk", "greedy")
 SOLVERS = ("taylor", "exact")  # index = cg_solver
 BUDGETS = ("target", "output")  # index = cg_budget
-DRAFTERS = ("model", "ngram")
+DRAFTERS = ("model", "ngram", "hybrid")
+MODEL_DRAFTERS = ("model", "hybrid")  # the drafters that run the DRAFT model
 
 
 # ------------------------------------------------------------------------------------------------
@@ -204,6 +205,9 @@ def parse_endpoints(text: str, param: str = "rpc") -> list[str]:
         if not item or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise InputError(f"{{{param}}} entry {item!r} is not HOST:PORT (e.g. "
                              "192.168.1.20:50052); separate servers with commas", param=param)
+        if "[" in host or ":" in host:
+            raise InputError(f"{{{param}}} entry {item!r}: llama.cpp's RPC client takes IPv4 "
+                             "addresses or host names, not IPv6", param=param)
         if item in out:
             raise InputError(f"{{{param}}} lists {item} twice", param=param)
         out.append(item)
@@ -311,10 +315,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("accept_top_k", int, 5, "`topk` acceptance: size of the accepted set (within the "
            "verifier's support)", ("--accept-top-k",), range=Range(lo=1, hi=2**31, hi_open=True),
            metavar="N"),
-    Option("drafter", str, "model", "`model` (the DRAFT GGUF) or `ngram` (prompt lookup from the "
-           "token history: no draft model, `cactus-gguf run VERIFIER --drafter ngram`)",
+    Option("drafter", str, "model", "`model` (the DRAFT GGUF), `ngram` (prompt lookup from the "
+           "token history: no draft model, `cactus-gguf run VERIFIER --drafter ngram`) or "
+           "`hybrid` (prompt lookup when the last `--ngram-max` tokens occurred before, else the "
+           "draft model)",
            ("--drafter",), choices=DRAFTERS, commands=_GEN),
-    Option("ngram_max", int, 3, "`ngram` drafter: longest n-gram looked up", ("--ngram-max",),
+    Option("ngram_max", int, 3, "`ngram` drafter: longest n-gram looked up (`hybrid`: the "
+           "match length it needs)", ("--ngram-max",),
            range=Range(lo=1), metavar="N"),
     Option("ngram_min", int, 1, "`ngram` drafter: shortest n-gram looked up", ("--ngram-min",),
            range=Range(lo=1), metavar="N"),
@@ -428,7 +435,8 @@ OPTIONS: tuple[Option, ...] = (
            range=Range(lo=1), optional=True, metavar="N", shown_default="all", commands=_BENCH),
     Option("configs", str, None, "configurations: none, sps, cactus, cactus-output (δ bounds "
            "the emitted tokens: `--budget output`), cactus-exact (the exact solver), auto (cactus "
-           "with `--draft-policy auto`, k its ceiling), typical, topk, ngram, ngram-cactus; "
+           "with `--draft-policy auto`, k its ceiling), typical, topk, ngram, ngram-cactus, hybrid "
+           "(cactus with `--drafter hybrid`); "
            "`FAMILY@D` runs a Cactus family at δ = D only (`cactus-exact@1`)",
            ("--configs",), scope="bench", grid=True, optional=True,
            shown_default="none,sps,cactus,typical,ngram", commands=_BENCH),

@@ -27,6 +27,8 @@ class GenerationStats:
     the token that completed a stop string do not. n_tokens: emitted tokens (an end-of-generation
     token is not emitted); ``tokens_per_verifier_call`` counts an ending end-of-generation token
     too, so it is (n_accepted + the residual / bonus tokens used) / n_steps.
+    n_lookup_steps: steps whose drafts came from prompt lookup (the hybrid drafter; the n-gram
+    drafter's are all of its steps that drafted).
     draft_stopped_at: emitted tokens when the draft model stopped drafting for the rest of the
     generation (None: it never did), for ``draft_stop_reason`` ("prompt does not fit the draft's
     context", "draft context full", "a token the draft's vocabulary lacks").
@@ -44,6 +46,7 @@ class GenerationStats:
     n_accepted: int = 0
     n_evaluated: int = 0
     n_end_tokens: int = 0
+    n_lookup_steps: int = 0
     draft_stopped_at: int | None = None
     draft_stop_reason: str = ""
     kl_sum: float = 0.0

@@ -284,7 +284,7 @@ def make_engine(ver, dft=None, *, temp: float = 0.8, top_k: int = 0, top_p: floa
                   **{"k": 4, "method": "cactus", **request})
     c = context or ctx()
     load = LoadOptions(n_ctx=c.n_ctx, n_batch=c.n_batch, n_threads=c.n_threads)
-    use_draft = req.method != "none" and req.drafter == "model"
+    use_draft = req.method != "none" and req.drafter in ("model", "hybrid")
     return Engine(ver, dft if use_draft else None, load, defaults=req, draft_context=draft_context)
 
 

@@ -98,3 +98,38 @@ def test_typical_acceptance_distribution_with_a_matching_draft(tiny_pair):
         counts = first_token_histogram(dec, 4000, len(q))
     assert chisquare_pvalue(counts, expected) > ALPHA
     assert chisquare_pvalue(counts, q.astype(np.float64), strict=False) < ALPHA
+
+
+@pytest.mark.parametrize("prompt,lookup", [
+    ("the cat sat on the mat the cat sat on", True),   # "cat sat on" occurred: lookup drafts
+    ("a quick brown fox jumps", False),                # no 3-token repeat: the model drafts
+])
+def test_hybrid_drafter_first_token_follows_the_verifier(tiny_pair, prompt, lookup):
+    """SpS with the hybrid drafter emits q whichever drafter proposed (chi-square, alpha 0.001):
+    lookup on a full --ngram-max match, the draft model otherwise (n_lookup_steps says which)."""
+    ver, dft = tiny_pair
+    with make_engine(ver, dft, k=1, drafter="hybrid", method="sps", **WARPS) as dec:
+        ids = dec.tokenize(prompt)
+        row = np.array(dec.verifier.decode(ids, 1)[0])
+        q = NativeSampler(dec.verifier.n_vocab, SAMPLING, AcceptanceParams(), 0).warp(row)
+        counts = np.zeros(len(q), np.int64)
+        for seed in range(4000):
+            res = dec.generate(prompt, n_predict=2, seed=seed)
+            assert res.stats.n_lookup_steps == (1 if lookup else 0)
+            assert res.stats.n_drafted == 1
+            counts[res.tokens[0] if res.tokens else dec.verifier.model.eos] += 1
+    assert chisquare_pvalue(counts, q.astype(np.float64) / q.sum()) > ALPHA
+
+
+def test_hybrid_drafter_greedy_equals_the_verifier_and_uses_both(tiny_pair):
+    """At temperature 0 the output is the verifier's, token for token, while some steps draft
+    from the history and others from the draft model (the model's cache catches up after
+    lookup steps)."""
+    ver, dft = tiny_pair
+    prompt = "the cat sat on the mat and the dog sat on the cat the cat sat on"
+    with make_engine(ver, method="none", temp=0.0) as alone:
+        expected = alone.generate(prompt, n_predict=60, seed=1).tokens
+    with make_engine(ver, dft, k=4, drafter="hybrid", method="cactus", temp=0.0) as dec:
+        res = dec.generate(prompt, n_predict=60, seed=1)
+    assert res.tokens == expected
+    assert 0 < res.stats.n_lookup_steps < res.stats.n_steps

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import InputError
+from ..options import MODEL_DRAFTERS
 
 __all__ = ["FAMILIES", "METHODS", "config_grid", "default_methods", "needs_draft_model",
            "request_for", "schedule", "with_schema"]
@@ -35,6 +36,8 @@ FAMILIES: dict[str, dict] = {
     "topk": {"acceptance": "topk", "drafter": "model", "per_delta": False},
     "ngram": {"acceptance": "sps", "drafter": "ngram", "per_delta": False},  # lossless lookup
     "ngram-cactus": {"acceptance": "cactus", "drafter": "ngram", "per_delta": True},
+    # prompt lookup on a full --ngram-max match, else the draft model; Cactus at the base δ
+    "hybrid": {"acceptance": "cactus", "drafter": "hybrid", "per_delta": False},
 }
 METHODS = tuple(FAMILIES)
 
@@ -49,7 +52,7 @@ def default_methods(has_draft_model: bool = True) -> tuple[str, ...]:
 
 
 def needs_draft_model(method: str) -> bool:
-    return FAMILIES[_family(method)[0]]["drafter"] == "model"
+    return FAMILIES[_family(method)[0]]["drafter"] in MODEL_DRAFTERS
 
 
 def _family(name: str) -> tuple[str, float | None]:
@@ -77,7 +80,7 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
     """The configurations of one run, in the base order (rotated per prompt by :func:`schedule`).
 
     Each is a dict: ``id`` (unique, file-safe), ``label`` (for people), ``method`` (a FAMILIES
-    name), ``acceptance`` (the native rule, None for none), ``drafter`` (None/"model"/"ngram"),
+    name), ``acceptance`` (the native rule, None for none), ``drafter`` (None/"model"/"ngram"/"hybrid"),
     ``k`` (None for none), ``delta`` and ``budget`` (the Cactus families only). ``none`` comes once; every other
     family once per k, and once per δ for the Cactus ones.
 

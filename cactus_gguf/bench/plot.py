@@ -28,7 +28,8 @@ def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
     # Cactus: one colour and marker per k. References: one colour per method, one style per k.
     k_colors, k_markers = ["tab:blue", "tab:cyan", "navy", "tab:purple"], "os^D"
     k_styles = ["--", ":", "-.", (0, (5, 1))]
-    ref_colors = {"sps": "tab:orange", "typical": "tab:green", "topk": "tab:brown", "ngram": "tab:red"}
+    ref_colors = {"sps": "tab:orange", "typical": "tab:green", "topk": "tab:brown", "ngram": "tab:red",
+                  "hybrid": "tab:olive"}
     for s in summary:  # drawn first, so that a method on the same value stays visible on top
         if s["method"] == "none":
             ax_tps.axhline(s["tokens_per_second"]["median"], color="black", lw=2.2,
@@ -104,7 +105,8 @@ def plot_pareto(report: dict, path: str | os.PathLike[str]) -> Path:
     fig, (ax_al, ax_tps) = plt.subplots(1, 2, figsize=(11, 4.2))
     styles = {"cactus (target budget)": ("tab:blue", "o-"), "cactus (output budget)": ("tab:purple", "s-"),
               "sps": ("tab:orange", "D"), "typical": ("tab:green", "^"), "topk": ("tab:brown", "v"),
-              "ngram": ("tab:red", "x"), "ngram-cactus": ("tab:pink", "P-")}
+              "ngram": ("tab:red", "x"), "ngram-cactus": ("tab:pink", "P-"),
+              "hybrid": ("tab:olive", "*")}
     for fam in dict.fromkeys(p["family"] for p in pts):
         for k in sorted({p["k"] for p in pts if p["family"] == fam}):
             line = sorted((p for p in pts if p["family"] == fam and p["k"] == k),

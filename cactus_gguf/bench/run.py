@@ -20,7 +20,8 @@ from typing import Any, Callable, Mapping
 
 from ..errors import InputError
 from ..llama.hw import build_facts, default_threads, machine_facts
-from ..options import LoadOptions, Request, check_value, options_in, validate_pairing
+from ..options import (MODEL_DRAFTERS, LoadOptions, Request, check_value, options_in,
+                       validate_pairing)
 from .grid import (config_grid, default_methods, needs_draft_model, request_for, schedule,
                    with_schema)
 from ..spec.costs import measure_forward_costs
@@ -115,7 +116,7 @@ def plan_bench(given: Mapping[str, Any], *, warmup: bool = True) -> BenchPlan:
                   + (f", first {values['limit']}" if values["limit"] else ""))
     if any(p.json_schema is not None for p in prompts):
         configs = with_schema(configs, values["schema"])
-    any_draft = draft is not None and any(c["drafter"] == "model" for c in configs)
+    any_draft = draft is not None and any(c["drafter"] in MODEL_DRAFTERS for c in configs)
     return BenchPlan(verifier_spec=verifier, draft_spec=draft if any_draft else None,
                      pair_name=pair.name if pair is not None else None, configs=configs,
                      prompts=prompts, prompt_source=source, chat=values["chat"], base=base,
@@ -347,7 +348,7 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
         first_tokens = engine.tokenize(rendered[0][0])
         if plan.warmup:  # first decodes page the weights in and size llama.cpp's buffers
             say("warming up")
-            warm = [c for c in plan.configs if c["drafter"] == "model"][:1] + plan.configs[:1]
+            warm = [c for c in plan.configs if c["drafter"] in MODEL_DRAFTERS][:1] + plan.configs[:1]
             for c in warm:
                 engine.generate(first_tokens, request_for(plan.base, c),
                                 n_predict=min(16, plan.n_predict))

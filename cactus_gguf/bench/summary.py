@@ -8,6 +8,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..options import MODEL_DRAFTERS
+
 __all__ = ["quantiles", "median_ratio", "summarize", "finite", "pass_at_1_statistics"]
 
 
@@ -145,7 +147,7 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
         if forward_ms and c["k"] is not None and s["n_prompts"]:
             tv1 = forward_ms["verifier"].get("1")
             tvk = forward_ms["verifier"].get(str(c["k"] + 1))
-            td = forward_ms["draft"].get("1", 0.0) if c["drafter"] == "model" else 0.0
+            td = forward_ms["draft"].get("1", 0.0) if c["drafter"] in MODEL_DRAFTERS else 0.0
             if tv1 and tvk and td is not None:
                 s["predicted_speedup_vs_none"] = (s["tokens_per_verifier_call"] * tv1
                                                   / (s["mean_drafted_length"] * td + tvk))

@@ -23,7 +23,7 @@ def summary(result, request) -> str:
         if request.method == "cactus":
             rule += f" delta={request.delta:g} solver={request.solver} budget={request.budget}"
         k = f"k<={request.k} (auto)" if request.draft_policy == "auto" else f"k={request.k}"
-        parts.append(f"{rule} {k}" + (" drafter ngram" if request.drafter == "ngram" else ""))
+        parts.append(f"{rule} {k}" + (f" drafter {request.drafter}" if request.drafter != "model" else ""))
         parts.append(f"accepted {s.mean_accepted_length:.2f}/step, acceptance {s.acceptance_rate:.1%}, "
                      f"{s.tokens_per_verifier_call:.2f} tokens/verifier call")
         parts.append(f"output KL {s.output_kl_mean:.3f}/token (max {s.output_kl_max:.3f}, "

@@ -1,4 +1,5 @@
-"""Who proposes the draft tokens: the Drafter interface and its two implementations.
+"""Who proposes the draft tokens: the Drafter interface, the draft model, prompt lookup, and the
+hybrid of both.
 
 A drafter proposes up to k tokens after the committed ones; the engine's step verifies them. Its
 lifecycle within a generation: ``reset(prompt)`` once, then per step ``room`` / ``propose``, then
@@ -19,7 +20,7 @@ from ..sampling import EmptyMaskError, NativeSampler
 from ..sampling.constraints import Constraint
 from .policy import DraftPolicy
 
-__all__ = ["Drafter", "ModelDrafter", "NgramDrafter"]
+__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "HybridDrafter"]
 
 
 class Drafter(Protocol):
@@ -166,3 +167,45 @@ class NgramDrafter:
 
     def rollback(self, n_keep: int) -> None:
         pass
+
+
+class HybridDrafter:
+    """Prompt lookup when the history holds a long enough match, the draft model otherwise (as
+    llama.cpp chains its speculative drafters).
+
+    Each step first looks for the last ``n_match`` committed tokens earlier in the history
+    (``n_match`` = ``--ngram-max``: a full-length match, since a 1-token match mostly proposes
+    noise); if found, the tokens that followed are proposed (deterministic: p one-hot) and the
+    draft model does not run; else the model drafts (p its warped distribution). The model's KV
+    cache catches up on the tokens committed during lookup steps the next time it drafts (one
+    batched decode). ``deterministic`` says which one proposed in the latest ``propose``.
+    """
+
+    def __init__(self, model: ModelDrafter, n_match: int) -> None:
+        self.model = model
+        self.lookup = NgramDrafter(n_match, n_match)
+        self.deterministic = False
+
+    def reset(self, prompt: Sequence[int], *, reuse: bool, lazy: bool = False) -> int | None:
+        self.deterministic = False
+        return self.model.reset(prompt, reuse=reuse, lazy=lazy)
+
+    def resync(self, committed: Sequence[int]) -> bool:
+        return self.model.resync(committed)
+
+    def room(self, committed: Sequence[int]) -> int:
+        return self.model.room(committed)
+
+    def why_no_room(self, committed: Sequence[int]) -> str:
+        return self.model.why_no_room(committed)
+
+    def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
+                probs: np.ndarray, tokens: np.ndarray, grammar: Constraint | None = None) -> int:
+        n = self.lookup.propose(committed, k, sampler, policy, probs, tokens, grammar)
+        self.deterministic = n > 0
+        if n > 0:
+            return n
+        return self.model.propose(committed, k, sampler, policy, probs, tokens, grammar)
+
+    def rollback(self, n_keep: int) -> None:
+        self.model.rollback(n_keep)

@@ -42,7 +42,7 @@ from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampl
 from ..sampling.constraints import Constraint, tokenizer_for
 from ..stats import GenerationResult
 from ..text import render_chat
-from .drafters import ModelDrafter, NgramDrafter
+from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from ..registry.cache import cache_dir
 from .costs import forward_costs
 from .policy import CostAwareDraftLength, FixedDraftLength, ForwardCosts
@@ -327,6 +327,8 @@ class Engine:
                                  "ngram or method none", param="method", options=("drafter",))
             else:
                 drafter = ModelDrafter(self.draft, ver.n_vocab)
+                if req.drafter == "hybrid":
+                    drafter = HybridDrafter(drafter, req.ngram_max)
                 if req.k >= self.draft.n_batch:
                     raise InputError(f"{{k}}={req.k} must be below the draft's n_batch="
                                      f"{self.draft.n_batch}", param="k")
@@ -425,6 +427,8 @@ class Engine:
         grammar = session.constraint
         n = drafter.propose(committed, k, session.sampler, session.policy, probs, tokens,
                             grammar=grammar)
+        if drafter.deterministic and n > 0:
+            session.stats.n_lookup_steps += 1
         if grammar is not None and drafter.deterministic:
             n = grammar.extend(tokens, n)  # up to the first drafted token the grammar refuses
         return session.policy.keep(n)  # too short to be worth a batched verification: 0
