@@ -65,10 +65,6 @@ _FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
                "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
-def _direct(fn, *args):
-    return fn(*args)
-
-
 class Context:
     """A single-sequence llama.cpp context over ``model``.
 
@@ -84,6 +80,9 @@ class Context:
                  owns_model: bool = False) -> None:
         self.model = model
         self.owns_model = owns_model
+        # Layers on an RPC server: the calls that talk to it run on devices' worker thread, so a
+        # server lost mid-call raises RpcServerLostError here instead of aborting the process.
+        self._remote = model.remote
         self._ctx: _internals.LlamaContext | None = None
         self._batch: _internals.LlamaBatch | None = None
         # A KV cache larger than the machine's memory is not an error in llama.cpp: it allocates
@@ -115,9 +114,6 @@ class Context:
                                  f"(n_ctx={options.n_ctx}): {log.last_error()}") from None
         self.ptr = self._ctx.ctx
         self.memory = self._ctx.memory
-        # Layers on an RPC server: the calls that talk to it run on devices' worker thread, so a
-        # server lost mid-call raises RpcServerLostError here instead of aborting the process.
-        self._call = devices.rpc_call if model.remote else _direct
         if model.remote:
             devices.abandon_on_loss(self._abandon)
         self.n_ctx: int = llama_cpp.llama_n_ctx(self.ptr)
@@ -158,7 +154,7 @@ class Context:
         for attr in ("_batch", "_ctx"):
             obj = getattr(self, attr, None)
             if obj is not None:
-                devices.free(self.model.remote, obj.close)
+                devices.free(self._remote, obj.close)
                 setattr(self, attr, None)
         if self.owns_model:
             self.model.close()
@@ -218,7 +214,7 @@ class Context:
             if first_out < m:
                 self._b_logits[first_out:m] = 1
             self._batch.batch.n_tokens = m
-            rc = self._call(llama_cpp.llama_decode, self.ptr, self._batch.batch)
+            rc = devices.call(self._remote, llama_cpp.llama_decode, self.ptr, self._batch.batch)
             if rc != 0:
                 # let truncate() drop whatever the failed call may have stored
                 self.tokens.extend(int(t) for t in chunk)
@@ -231,7 +227,8 @@ class Context:
 
     def logits(self, n_rows: int) -> np.ndarray:
         """The last decode's output logits: float32 [n_rows, V], a zero-copy view."""
-        ptr = self._call(llama_cpp.llama_get_logits, self.ptr)  # waits for the device's copy
+        # synchronises with the device's copy of the logits (over RPC: waits for the server)
+        ptr = devices.call(self._remote, llama_cpp.llama_get_logits, self.ptr)
         if not ptr:
             raise DecodeError("llama_get_logits returned NULL")
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
@@ -251,7 +248,7 @@ class Context:
 
     def clear(self) -> None:
         """Empty the KV cache."""
-        self._call(llama_cpp.llama_memory_clear, self.memory, True)
+        devices.call(self._remote, llama_cpp.llama_memory_clear, self.memory, True)
         self.tokens.clear()
 
     def shared_prefix(self, target: Sequence[int]) -> int:

@@ -1,0 +1,88 @@
+"""Parsers of option values that are more than a type and a range: a JSON Schema, RPC server
+addresses, a tensor split. Each raises InputError naming the option (``param``); options.py applies
+them (its ``normalize`` hooks) when a Request / LoadOptions is made, so before anything loads."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .errors import InputError
+
+__all__ = ["normalize_json_schema", "parse_endpoints", "parse_tensor_split"]
+
+
+def normalize_json_schema(value: Any) -> Any:
+    """A JSON Schema as a dict / bool or as JSON text -> compact JSON text, properties in the
+    order given (the output follows it; None stays None). ``true`` (any JSON) is ``{}``.
+    Raises InputError (param json_schema) for empty text, text that is not JSON, a value that
+    cannot be JSON, a non-object schema or ``false`` (it matches nothing)."""
+    import json
+
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not value.strip():
+            raise InputError("{json_schema} is empty: give a JSON Schema object",
+                             param="json_schema")
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{{json_schema}} is not valid JSON ({e.msg} at line {e.lineno} "
+                             f"column {e.colno}): give a JSON Schema object",
+                             param="json_schema") from None
+    if value is True:
+        value = {}
+    if value is False:
+        raise InputError("{json_schema} is false, which no JSON matches: give a JSON Schema "
+                         "object ({} or true = any JSON)", param="json_schema")
+    if not isinstance(value, dict):
+        raise InputError(f"{{json_schema}} must be a JSON Schema object, got "
+                         f"{type(value).__name__}", param="json_schema")
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)  # key order matters
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{{json_schema}} is not JSON data ({e}): use dicts, lists, strings, "
+                         "numbers, booleans and None only", param="json_schema") from None
+
+
+def parse_endpoints(text: str, param: str = "rpc") -> list[str]:
+    """``HOST:PORT[,HOST:PORT...]`` (llama.cpp's ``--rpc`` format) -> the endpoints, in order.
+    Raises InputError naming the malformed entry."""
+    out = []
+    for item in (s.strip() for s in text.split(",")):
+        host, sep, port = item.rpartition(":")
+        if not item or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InputError(f"{{{param}}} entry {item!r} is not HOST:PORT (e.g. "
+                             "192.168.1.20:50052); separate servers with commas", param=param)
+        if "[" in host or ":" in host:
+            raise InputError(f"{{{param}}} entry {item!r}: llama.cpp's RPC client takes IPv4 "
+                             "addresses or host names, not IPv6", param=param)
+        if item in out:
+            raise InputError(f"{{{param}}} lists {item} twice", param=param)
+        out.append(item)
+    return out
+
+
+def parse_tensor_split(text: str) -> list[float]:
+    """``3,1`` (llama.cpp's ``--tensor-split``: the proportion of the model per device, in device
+    order) -> [3.0, 1.0]. Raises InputError for a non-number, a negative value or all zeros."""
+    try:
+        values = [float(s) for s in text.replace("/", ",").split(",")]
+    except ValueError:
+        raise InputError(f"{{tensor_split}} must be comma-separated numbers (e.g. 3,1), got "
+                         f"{text!r}", param="tensor_split") from None
+    if any(not (0 <= v < math.inf) for v in values) or not any(values):
+        raise InputError(f"{{tensor_split}} needs non-negative proportions, not all 0; got {text!r}",
+                         param="tensor_split")
+    return values
+
+
+def _endpoints(value: Any, name: str) -> Any:
+    """``--rpc`` text checked and written without spaces; other types are left to the type check."""
+    return ",".join(parse_endpoints(value, name)) if isinstance(value, str) else value
+
+
+def _tensor_split(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    return ",".join(f"{v:g}" for v in parse_tensor_split(value))
