@@ -255,6 +255,9 @@ OPTIONS: tuple[Option, ...] = (
            "measured forward costs (probed once, cached) and the acceptance seen so far; 0 when "
            "drafting does not pay (model drafter; the draft then prefills only when it drafts)",
            ("--draft-policy",), choices=("fixed", "auto"), commands=_GEN),
+    Option("draft_window", int, 0, "the draft model prefills only the last N tokens of the "
+           "prompt (less prompt processing for a long prompt, at some acceptance); 0 = all",
+           ("--draft-window",), range=Range(lo=0, note="0 = the whole prompt"), metavar="N"),
     Option("draft_min", int, 0, "drop a draft shorter than N (that step is verifier-only), as "
            "llama.cpp", ("--draft-min",), range=Range(lo=0), metavar="N"),
     Option("draft_p_min", float, 0.0, "stop drafting when the draft's most likely token has "

@@ -133,3 +133,25 @@ def test_hybrid_drafter_greedy_equals_the_verifier_and_uses_both(tiny_pair):
         res = dec.generate(prompt, n_predict=60, seed=1)
     assert res.tokens == expected
     assert 0 < res.stats.n_lookup_steps < res.stats.n_steps
+
+
+@pytest.mark.parametrize("window", [1, 5, 1000])
+def test_draft_window_prefills_the_last_tokens_only_and_keeps_greedy_exact(tiny_pair, window):
+    """--draft-window W: the draft's cache holds the prompt's last W tokens (but the last, which
+    opens the first step), never more, and then follows the committed tokens; at temperature 0
+    the output is still the verifier's, through rejections and rollbacks, on a second request
+    reusing the draft's cache too."""
+    ver, dft = tiny_pair
+    prompt = "the cat sat on the mat and the dog sat on the cat while the bird sang"
+    with make_engine(ver, method="none", temp=0.0) as alone:
+        expected = alone.generate(prompt, n_predict=40, seed=1).tokens
+    with make_engine(ver, dft, k=3, method="sps", temp=0.0, draft_window=window) as dec:
+        n_prompt = len(dec.tokenize(prompt))
+        for _ in range(2):
+            res = dec.generate(prompt, n_predict=40, seed=1)
+            assert res.tokens == expected
+            assert res.stats.n_drafted > res.stats.n_accepted  # rejections: rollbacks happened
+            held = dec.draft.tokens
+            assert held[:min(window, n_prompt - 1)] == dec.tokenize(prompt)[
+                max(0, n_prompt - 1 - window):n_prompt - 1]
+            assert len(held) <= min(window, n_prompt - 1) + len(res.tokens) + 3

@@ -59,53 +59,65 @@ class Drafter(Protocol):
 class ModelDrafter:
     """Drafts by sampling the draft GGUF autoregressively from its warped distribution p.
 
-    Its KV cache holds a prefix of the committed tokens; ``propose`` first decodes the pending ones
-    (one, or two after an all-accepted step, where the last draft was never decoded).
+    Its KV cache holds committed tokens ``offset ..`` (a prefix of them past the offset);
+    ``propose`` first decodes the pending ones (one, or two after an all-accepted step, where the
+    last draft was never decoded). ``window`` > 0 bounds the prompt the draft prefills to its
+    last ``window`` tokens (``offset`` = the tokens left out; they are never decoded by the draft,
+    which then sees positions 0 .. from the window's start): less prompt processing for long
+    prompts, at some acceptance.
     """
 
     deterministic = False
 
-    def __init__(self, ctx: Context, n_vocab: int) -> None:
+    def __init__(self, ctx: Context, n_vocab: int, window: int = 0) -> None:
         self.ctx = ctx
         self.n_logits = min(n_vocab, ctx.n_vocab)  # never propose an id the verifier lacks
+        self.window = window
+        self.offset = 0
 
     def reset(self, prompt: Sequence[int], *, reuse: bool, lazy: bool = False) -> int | None:
-        """Hold the prompt but its last token (or, ``lazy``, only what the cache already shares
-        with it: ``propose`` decodes the rest when a step first drafts). The tokens reused, or
-        None when the prompt does not fit the draft's context."""
+        """Hold the prompt but its last token (the last ``window`` of them when a window is set;
+        or, ``lazy``, only what the cache already shares with that: ``propose`` decodes the rest
+        when a step first drafts). The tokens reused, or None when the prompt does not fit the
+        draft's context."""
+        self.offset = max(0, len(prompt) - 1 - self.window) if self.window > 0 else 0
         if self._room_for(prompt, 0) < 1:
             self.ctx.clear()
             return None
+        held = prompt[self.offset:-1]
         if lazy:
-            n = self.ctx.shared_prefix(prompt[:-1]) if reuse else 0
-            return self.ctx.sync(prompt[:n], reuse=True)
-        return self.ctx.sync(prompt[:-1], reuse=reuse)
+            n = self.ctx.shared_prefix(held) if reuse else 0
+            return self.ctx.sync(held[:n], reuse=True)
+        return self.ctx.sync(held, reuse=reuse)
 
     def resync(self, committed: Sequence[int]) -> bool:
         if self._room_for(committed, 0) < 1:
             return False
-        self.ctx.sync(committed[:-1])
+        self.ctx.sync(committed[self.offset:-1])
         return True
+
+    def _pending(self, committed: Sequence[int], n_held: int) -> Sequence[int]:
+        return committed[self.offset + n_held:]
 
     def _room_for(self, committed: Sequence[int], n_held: int) -> int:
         # 0 when a pending token is an id its vocabulary lacks (an unused padding id of a longer
         # verifier vocabulary, sampled by the verifier): it cannot follow from there
-        if max(committed[n_held:], default=0) >= self.ctx.n_vocab:
+        if max(self._pending(committed, n_held), default=0) >= self.ctx.n_vocab:
             return 0
         # it decodes the pending tokens plus d_1 .. d_{k-1}
-        return self.ctx.n_ctx - len(committed) + 1
+        return self.ctx.n_ctx - (len(committed) - self.offset) + 1
 
     def room(self, committed: Sequence[int]) -> int:
         return self._room_for(committed, self.ctx.n_past)
 
     def why_no_room(self, committed: Sequence[int]) -> str:
-        if max(committed[self.ctx.n_past:], default=0) >= self.ctx.n_vocab:
+        if max(self._pending(committed, self.ctx.n_past), default=0) >= self.ctx.n_vocab:
             return "a token the draft's vocabulary lacks"
         return "draft context full"
 
     def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
                 probs: np.ndarray, tokens: np.ndarray, grammar: Constraint | None = None) -> int:
-        row = self.ctx.decode(committed[self.ctx.n_past:], n_logits=1)[0]
+        row = self.ctx.decode(self._pending(committed, self.ctx.n_past), n_logits=1)[0]
         n = 0
         for i in range(k):
             try:
@@ -125,7 +137,8 @@ class ModelDrafter:
         return n
 
     def rollback(self, n_keep: int) -> None:
-        self.ctx.truncate(min(self.ctx.n_past, n_keep))
+        """Forget committed tokens past ``n_keep`` (a count of committed tokens, window included)."""
+        self.ctx.truncate(max(0, min(self.ctx.n_past, n_keep - self.offset)))
 
 
 class NgramDrafter:

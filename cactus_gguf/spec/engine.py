@@ -326,7 +326,7 @@ class Engine:
                                  "model, and this engine has none: load one, or use drafter "
                                  "ngram or method none", param="method", options=("drafter",))
             else:
-                drafter = ModelDrafter(self.draft, ver.n_vocab)
+                drafter = ModelDrafter(self.draft, ver.n_vocab, req.draft_window)
                 if req.drafter == "hybrid":
                     drafter = HybridDrafter(drafter, req.ngram_max)
                 if req.k >= self.draft.n_batch:
