@@ -358,6 +358,17 @@ def test_resume_decodes_only_the_missing_runs_and_refuses_other_options(tiny_pai
     grown = bench.run_bench(plan, progress=False, output=short, resume=True)
     assert len(calls) == n - len(plan.configs)
     assert [r["text"] for r in grown["runs"]] == [r["text"] for r in full["runs"]]
+    # a journal written before an option existed (here: draft_window, tensor_split) resumes, as
+    # that sitting ran the default; the same option set to another value does not
+    head = json.loads(lines[0])
+    del head["plan"]["request"]["draft_window"], head["plan"]["load"]["tensor_split"]
+    journal.write_text("\n".join([json.dumps(head)] + lines[1:]) + "\n", encoding="utf-8")
+    calls.clear()
+    bench.run_bench(plan, progress=False, output=tmp_path, resume=True)
+    assert calls == []
+    with pytest.raises(InputError, match="request.draft_window differs"):
+        bench.run_bench(bench.plan_bench(dict(given, draft_window=4), warmup=False),
+                        progress=False, output=tmp_path, resume=True)
     other = bench.plan_bench(dict(given, n_predict=7), warmup=False)
     with pytest.raises(InputError, match="request.n_predict differs"):
         bench.run_bench(other, progress=False, output=tmp_path, resume=True)

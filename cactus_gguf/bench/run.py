@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 from ..errors import InputError
 from ..llama.hw import build_facts, default_threads, machine_facts
-from ..options import (MODEL_DRAFTERS, LoadOptions, Request, check_value, options_in,
+from ..options import (MODEL_DRAFTERS, LoadOptions, Request, check_value, default, options_in,
                        validate_pairing)
 from .grid import (config_grid, default_methods, needs_draft_model, request_for, schedule,
                    with_schema)
@@ -209,6 +209,10 @@ def open_journal(directory: str | os.PathLike[str], plan: BenchPlan, resume: boo
     except (IndexError, ValueError, KeyError, TypeError):
         raise InputError(f"{{resume}}: {path} does not start with a benchmark plan",
                          param="resume") from None
+    for key in ("request", "load"):  # an option added since that sitting: it ran the default
+        if isinstance(have.get(key), dict):
+            have[key] = {**{k: want[key][k] for k in want[key] if k not in have[key]
+                            and want[key][k] == _plain(default(k))}, **have[key]}
     for key in want:
         if key != "prompts" and have.get(key) != want[key]:
             detail = (next((f"{key}.{k}" for k in want[key] if have[key].get(k) != want[key][k]),
