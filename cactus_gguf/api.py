@@ -209,15 +209,25 @@ def plan_serve(given: Mapping[str, Any]) -> ServePlan:
                      model_id=model_id)
 
 
-def open_engine(plan: RunPlan):
+def open_engine(plan: RunPlan, probe: bool = False):
     """Resolve (fetch if needed) the plan's models and load them: an Engine whose defaults are
-    the plan's Request. Raises ModelLoadError / VocabMismatchError / registry errors."""
+    the plan's Request. ``probe``: under ``k="auto"``, also get this machine's forward costs now
+    (a cache hit, or the probe) rather than at the first request (the server does).
+    Raises ModelLoadError / VocabMismatchError / registry errors."""
     from .registry import resolve_model
     from .spec import Engine
 
     verifier = resolve_model(plan.verifier_spec)
     draft = resolve_model(plan.draft_spec) if plan.draft_spec is not None else None
-    return Engine(verifier, draft, plan.load, defaults=plan.request)
+    engine = Engine(verifier, draft, plan.load, defaults=plan.request)
+    r = plan.request
+    if probe and r.k == "auto" and r.method != "none":
+        try:
+            engine.forward_costs(r.k_max)
+        except BaseException:
+            engine.close()
+            raise
+    return engine
 
 
 def execute_run(plan: RunPlan, on_text: Callable[[str], None] | None = None) -> GenerationResult:
@@ -270,7 +280,7 @@ def result_json(result: GenerationResult, plan: RunPlan) -> dict:
         "solver": r.solver if method == "cactus" else None,
         "budget": r.budget if method == "cactus" else None,
         "k": r.k,
-        "draft_policy": r.draft_policy if spec else None,
+        "k_max": r.k_max if spec and r.k == "auto" else None,
         "drafter": r.drafter if spec else None,
         "typical_epsilon": r.typical_epsilon if method == "typical" else None,
         "typical_alpha": r.typical_alpha if method == "typical" else None,

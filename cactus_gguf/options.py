@@ -109,6 +109,7 @@ class Option:
     file_or_text: on the command line the value may name a file holding it (read as UTF-8 before
         anything loads; api.read_file_options); the API and the server take the text itself.
     normalize: applied to a value before it is checked (e.g. a JSON Schema dict -> JSON text).
+    words: names a numeric option also takes in place of a number (``-k auto``).
     """
 
     name: str
@@ -129,6 +130,7 @@ class Option:
     command_defaults: Mapping[str, Any] = field(default_factory=dict)
     file_or_text: bool = False
     normalize: Callable[[Any], Any] | None = None
+    words: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -138,9 +140,14 @@ class Option:
     def default_for(self, command: str | None) -> Any:
         return self.command_defaults.get(command, self.default) if command else self.default
 
+    def parse(self, text: str) -> Any:
+        """A command-line word as a value of this option (one of ``words``, else the type's);
+        raises ValueError."""
+        return text if text in self.words else self.type(text)
+
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is not allowed (a phrase that follows the option's name), or None."""
-        if value is None and self.optional:
+        if (value is None and self.optional) or (self.words and value in self.words):
             return None
         if self.multiple:
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
@@ -156,6 +163,7 @@ class Option:
             return None
         if isinstance(value, bool) or not _is_number(value, integral=self.type is int):
             kind = "an integer" if self.type is int else "a number"
+            kind = " or ".join(self.words + (kind,))
             return f"must be {kind}, got {value!r}"
         if self.type is float and math.isnan(value):
             return f"must be {self.range.describe() if self.range else 'a number'}, got nan"
@@ -212,10 +220,14 @@ OPTIONS: tuple[Option, ...] = (
     # -- request: what one generation does -------------------------------------------------------
     Option("n_predict", int, 128, "tokens to generate", ("-n", "--n-predict"), range=Range(lo=1),
            metavar="N"),
-    Option("k", int, 8, "draft length: tokens proposed per verification step (below `-b`); 0 = no "
-           "speculation (the verifier alone, as llama.cpp's `--draft-max 0`)",
-           ("-k", "--draft-max"), range=Range(lo=0, note="0 = no speculation"), recommend=True,
-           grid=True, metavar="K"),
+    Option("k", int, "auto", "draft length: tokens proposed per verification step (below `-b`); "
+           "`auto`: each step drafts as many (0 … `--k-max`) as pay for themselves on this "
+           "machine (its forward costs, probed once and cached, and the acceptance seen so far; "
+           "README \"Draft length\"); 0 = no speculation (the verifier alone, as llama.cpp's "
+           "`--draft-max 0`)", ("-k", "--draft-max"), range=Range(lo=0, note="0 = no speculation"),
+           recommend=True, grid=True, metavar="K", words=("auto",)),
+    Option("k_max", int, 16, "`-k auto`'s ceiling: the longest draft it may choose",
+           ("--k-max",), range=Range(lo=1), recommend=True, metavar="N"),
     Option("method", str, "cactus", _METHOD_HELP, ("--method",), choices=METHODS + ("none",),
            commands=_GEN),
     Option("delta", float, 1.0, "Cactus KL budget δ in nats; 0 = exactly SpS", ("--delta",),
@@ -250,11 +262,6 @@ OPTIONS: tuple[Option, ...] = (
            range=Range(lo=1), metavar="N"),
     Option("ngram_min", int, 1, "`ngram` drafter: shortest n-gram looked up", ("--ngram-min",),
            range=Range(lo=1), metavar="N"),
-    Option("draft_policy", str, "fixed", "`fixed`: draft `-k` tokens every step; `auto`: each "
-           "step drafts as many tokens (0 … `-k`) as pay for themselves, from this machine's "
-           "measured forward costs (probed once, cached) and the acceptance seen so far; 0 when "
-           "drafting does not pay (model drafter; the draft then prefills only when it drafts)",
-           ("--draft-policy",), choices=("fixed", "auto"), commands=_GEN),
     Option("draft_window", int, 0, "the draft model prefills only the last N tokens of the "
            "prompt (less prompt processing for a long prompt, at some acceptance); 0 = all",
            ("--draft-window",), range=Range(lo=0, note="0 = the whole prompt"), metavar="N"),
@@ -362,8 +369,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("limit", int, None, "use only the first N prompts", ("--limit",), scope="bench",
            range=Range(lo=1), optional=True, metavar="N", shown_default="all", commands=_BENCH),
     Option("configs", str, None, "configurations: none, sps, cactus, cactus-output (δ bounds "
-           "the emitted tokens: `--budget output`), cactus-exact (the exact solver), auto (cactus "
-           "with `--draft-policy auto`, k its ceiling), typical, topk, ngram, ngram-cactus, hybrid "
+           "the emitted tokens: `--budget output`), cactus-exact (the exact solver), typical, topk, "
+           "ngram, ngram-cactus, hybrid "
            "(cactus with `--drafter hybrid`); "
            "`FAMILY@D` runs a Cactus family at δ = D only (`cactus-exact@1`)",
            ("--configs",), scope="bench", grid=True, optional=True,
@@ -423,7 +430,7 @@ def check_value(name: str, value: Any) -> Any:
 
 def _make(cls_name: str, scope: str, doc: str, post_init: Callable[[Any], None]) -> type:
     opts = options_in(scope)
-    fields = [(o.name, o.type if not o.optional else o.type | None,
+    fields = [(o.name, (o.type | str if o.words else o.type) | (None if o.optional else o.type),
                field(default=o.default) if not o.multiple else field(default=tuple(o.default)))
               for o in opts]
 
@@ -476,9 +483,11 @@ def _make(cls_name: str, scope: str, doc: str, post_init: Callable[[Any], None])
 def _check_request(r) -> None:
     if r.k == 0 and r.method != "none":  # no speculation, as llama.cpp's --draft-max 0
         object.__setattr__(r, "method", "none")
-    if r.draft_min > r.k:
-        raise InputError(f"{{draft_min}} must be in [0, {{k}}={r.k}], got {r.draft_min}",
-                         param="draft_min", options=("k",))
+    if r.draft_min > r.draft_ceiling:
+        limit = "{k_max}" if r.k == "auto" else "{k}"
+        raise InputError(f"{{draft_min}} must be in [0, {limit}={r.draft_ceiling}], got "
+                         f"{r.draft_min}", param="draft_min",
+                         options=("k_max",) if r.k == "auto" else ("k",))
     if r.ngram_min > r.ngram_max:
         raise InputError(f"n-gram sizes must satisfy {{ngram_min}} <= {{ngram_max}}, got "
                          f"{r.ngram_min} > {r.ngram_max}", param="ngram_min", options=("ngram_max",))
@@ -508,6 +517,9 @@ Request = _make("Request", "request",
                 "drafter, n_predict, stop strings, seed. Frozen; ``replace(**changes)`` derives a "
                 "new one. Units: delta in nats; seed < 0 draws a random seed.",
                 _check_request)
+Request.draft_ceiling = property(
+    lambda r: r.k_max if r.k == "auto" else r.k,
+    doc="The longest draft a step may make: k, or k_max under ``k=\"auto\"``.")
 LoadOptions = _make("LoadOptions", "load",
                     "What an engine is loaded with: context size, batch size, threads, GPU "
                     "offload and flash attention of the verifier (and the draft).",
@@ -517,14 +529,16 @@ LoadOptions = _make("LoadOptions", "load",
 def validate_pairing(load, request) -> None:
     """Checks that need both a load option and a request option.
 
-    The k + 1 verified tokens go in one ``llama_decode``, so k must be below n_batch whenever a
-    drafter is in play (with method none nothing is drafted and k does not matter).
-    Raises InputError (param "k").
+    The k + 1 verified tokens go in one ``llama_decode``, so k (``k_max`` under ``k="auto"``)
+    must be below n_batch whenever a drafter is in play (with method none nothing is drafted and
+    k does not matter). Raises InputError (param "k" or "k_max").
     """
-    if request.method != "none" and request.k >= load.n_batch > 0:
-        raise InputError(f"{{k}}={request.k} must be below {{n_batch}}={load.n_batch}: the k+1 "
-                         "verified tokens go in one llama_decode (lower {k} or raise {n_batch})",
-                         param="k", options=("k", "n_batch"))
+    name = "k_max" if request.k == "auto" else "k"
+    k = request.draft_ceiling
+    if request.method != "none" and k >= load.n_batch > 0:
+        raise InputError(f"{{{name}}}={k} must be below {{n_batch}}={load.n_batch}: the k+1 "
+                         f"verified tokens go in one llama_decode (lower {{{name}}} or raise "
+                         "{n_batch})", param=name, options=(name, "n_batch"))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -118,8 +118,44 @@ def test_a_draft_that_never_gets_accepted_switches_drafting_off():
     assert pol.n_paused >= 40 - first_pause - 3
 
 
-def test_probe_sizes_are_one_two_half_and_the_ceiling():
-    assert probe_sizes(16) == [1, 2, 8, 16]
+def test_prompt_lookup_is_a_channel_of_its_own_with_free_proposals():
+    # the EPYC costs: the draft model never pays (above), but a free lookup always accepted would
+    # give 17 tokens per 222 ms = 76.6 tok/s, 2.5 x the verifier alone (30.3)
+    pol = CostAwareDraftLength(16, ForwardCosts(EPYC, 0.019), channels=("model", "lookup"))
+    assert pol._pays(1.0, CostAwareDraftLength.PROBE_MARGIN, kind="lookup")
+    # at the prior 0.5 no length pays (best j = 1: 1.5 / 51 ms = 29.4 tok/s < 30.3): paused,
+    # re-probed after 4 verifier-only steps
+    assert [pol.draft_length(100) for _ in range(4)] == [0] * 4 and pol.n_paused == 4
+    assert pol.draft_length(100) == 16
+    assert pol.uses("lookup") and not pol.uses("model")
+    assert pol.keep(16, lookup=True) == 16  # a probe verifies its whole draft
+    pol.observe(16, 16, 0.0, 0.222)
+    assert pol.lookup_acceptance.mean == pytest.approx((16 + 1.0) / 18)
+    assert pol.acceptance.n == [0] * 10  # the model's acceptance is not the lookup's
+    # now on: the best prefix of 5 proposals at a = 17/18, E_j / verify(j + 1), nothing sunk:
+    # j = 2, 2.89 tokens / 67 ms = 42.3 tok/s (j = 5: 5.25 / 129 ms = 40.6)
+    assert pol.draft_length(100) == 16 and pol.uses("lookup") and not pol.uses("model")
+    a = 17 / 18
+    rates = [sum(a ** i for i in range(j + 1)) / pol.costs.verify(j + 1) for j in range(6)]
+    assert pol.keep(5, lookup=True) == int(np.argmax(rates)) == 2
+    # a lookup that keeps failing switches itself off again
+    for _ in range(30):
+        if pol.draft_length(100) and pol.uses("lookup"):
+            pol.keep(5, lookup=True)
+            pol.observe(pol._kept, 0, 0.0, pol.costs.verify(pol._kept + 1))
+    assert not pol._pays(pol.lookup_acceptance.mean, kind="lookup")
+
+
+def test_a_fixed_length_allows_every_kind_of_proposal():
+    from cactus_gguf.spec import FixedDraftLength
+
+    pol = FixedDraftLength(4, draft_min=2)
+    assert pol.uses("model") and pol.uses("lookup")
+    assert pol.keep(3, lookup=True) == 3 and pol.keep(1) == 0
+
+
+def test_probe_sizes_are_one_half_and_the_ceiling():
+    assert probe_sizes(16) == [1, 8, 16]
     assert probe_sizes(4) == [1, 2, 4]
     assert probe_sizes(1) == [1]
 
@@ -137,7 +173,7 @@ def test_auto_never_touches_the_draft_when_drafting_cannot_pay(tiny_engine):
     eng = tiny_engine
     eng._costs, eng._costs_k = ForwardCosts(EPYC, 0.019), 8
     eng.draft.clear()
-    r = eng.generate("hello world", n_predict=12, seed=1, k=8, draft_policy="auto",
+    r = eng.generate("hello world", n_predict=12, seed=1, k="auto", k_max=8,
                      cache_prompt=False)
     assert r.stats.n_drafted == 0 and r.stats.n_steps == 12
     assert eng.draft.n_past == 0  # the draft never even prefilled the prompt
@@ -148,7 +184,7 @@ def test_auto_never_touches_the_draft_when_drafting_cannot_pay(tiny_engine):
 def test_auto_drafts_when_it_pays_and_greedy_stays_exact(tiny_engine):
     eng = tiny_engine
     eng._costs, eng._costs_k = ForwardCosts(GPU, 0.001), 8
-    r = eng.generate("the cat sat on", n_predict=24, seed=2, k=8, draft_policy="auto",
+    r = eng.generate("the cat sat on", n_predict=24, seed=2, k="auto", k_max=8,
                      temperature=0.0, cache_prompt=False)
     base = eng.generate("the cat sat on", n_predict=24, seed=2, method="none", temperature=0.0,
                         cache_prompt=False)
@@ -156,6 +192,40 @@ def test_auto_drafts_when_it_pays_and_greedy_stays_exact(tiny_engine):
     assert r.tokens == base.tokens
     # (sampled output under auto depends on measured times through the draft lengths chosen, so
     # the same seed gives the same tokens only for a fixed k: README says so)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "hybrid"])
+def test_auto_with_prompt_lookup_drafts_when_it_pays_and_greedy_stays_exact(tiny_engine, drafter):
+    eng = tiny_engine
+    eng._costs, eng._costs_k = ForwardCosts(GPU, 0.001), 16
+    prompt = "the cat sat on the mat and the dog sat on the mat and the cat"
+    r = eng.generate(prompt, n_predict=24, seed=2, k="auto", drafter=drafter, temperature=0.0,
+                     cache_prompt=False)
+    base = eng.generate(prompt, n_predict=24, seed=2, method="none", temperature=0.0,
+                        cache_prompt=False)
+    assert r.tokens == base.tokens
+    assert r.stats.n_drafted > 0 and r.stats.n_lookup_steps > 0
+
+
+def test_auto_never_runs_a_lookup_that_cannot_pay(tiny_engine):
+    # a verifier batch of j + 1 costing j + 1 single decodes: a free draft gains nothing
+    eng = tiny_engine
+    eng._costs, eng._costs_k = ForwardCosts({1: 0.03, 17: 0.51}, 0.019), 16
+    prompt = "the cat sat on the mat and the dog sat on the mat and the cat"
+    r = eng.generate(prompt, n_predict=16, seed=3, k="auto", drafter="ngram", cache_prompt=False)
+    base = eng.generate(prompt, n_predict=16, seed=3, method="none", cache_prompt=False)
+    assert r.stats.n_drafted == 0 and r.stats.n_lookup_steps == 0
+    assert r.tokens == base.tokens
+
+
+def test_auto_without_a_draft_model_probes_the_verifier_alone(tiny_pair, tmp_path, monkeypatch):
+    monkeypatch.setenv("CACTUS_GGUF_CACHE", str(tmp_path))
+    with Engine(tiny_pair[0], None, LoadOptions(n_ctx=256, n_threads=1)) as eng:
+        r = eng.generate("hello world hello world", n_predict=8, seed=1, k="auto", k_max=4,
+                         drafter="ngram")
+        assert eng.probe["cached"] is False and eng.probe["seconds"] > 0
+        assert eng.forward_costs(4).draft == 0.0 and r.stats.n_tokens >= 1
+    assert (tmp_path / "forward-costs.json").is_file()
 
 
 def test_forward_costs_are_cached_per_machine_and_models(tiny_engine, tmp_path):

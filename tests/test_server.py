@@ -68,11 +68,15 @@ def test_chat_completion_has_openai_shape_and_the_speculative_block(server):
                extra_body={"speculative": {"method": "sps", "k": 2}})
     assert (sps.model_extra["speculative"]["method"], sps.model_extra["speculative"]["k"]) == \
         ("sps", 2)
+    auto = chat(client(server), seed=1, max_tokens=6,
+                extra_body={"speculative": {"k": "auto", "k_max": 3}})
+    assert (auto.model_extra["speculative"]["k"], auto.model_extra["speculative"]["k_max"]) == \
+        ("auto", 3)
     # what delta bounds, and the divergence of what was emitted
     out = chat(client(server), seed=1, max_tokens=12,
                extra_body={"speculative": {"budget": "output", "delta": 0.05}})
     o = out.model_extra["speculative"]
-    assert o["budget"] == "output" and o["draft_policy"] == "fixed"
+    assert o["budget"] == "output" and o["k"] == 4 and o["k_max"] is None
     assert 0.0 <= o["output_kl_max"] <= 0.05 + 1e-9
     assert o["output_kl_sum"] >= o["output_kl_mean"] >= 0.0
 
@@ -188,8 +192,9 @@ BAD = [  # (endpoint, body, status, param)
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
                           "speculative": {"budget": "emitted"}}, 400, "speculative.budget"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                          "speculative": {"draft_policy": "smart"}}, 400,
-     "speculative.draft_policy"),
+                          "speculative": {"k": "smart"}}, 400, "speculative.k"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                          "speculative": {"k": "auto", "k_max": 0}}, 400, "speculative.k_max"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "stop": [1]}, 400,
      None),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}],

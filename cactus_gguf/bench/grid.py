@@ -11,13 +11,12 @@ from typing import Sequence
 from ..errors import InputError
 from ..options import MODEL_DRAFTERS
 
-__all__ = ["FAMILIES", "METHODS", "config_grid", "default_methods", "needs_draft_model",
+__all__ = ["FAMILIES", "METHODS", "config_grid", "k_order", "default_methods", "needs_draft_model",
            "request_for", "schedule", "with_schema"]
 
 # Configuration families, as data: the acceptance rule (None = the verifier alone), who drafts,
 # and whether the family is crossed with the δ grid. Every family but none is crossed with k.
-# ``budget``: what δ bounds for a Cactus family (options.py; "target" when absent);
-# ``draft_policy``: "auto" for the cost-aware draft length ("fixed" when absent); ``solver``: the
+# ``budget``: what δ bounds for a Cactus family (options.py; "target" when absent); ``solver``: the
 # Cactus solver (the base request's --solver when absent). A configuration name ``family@D`` runs a
 # per-δ family at that δ only (``cactus-exact@1``), whatever the δ grid.
 FAMILIES: dict[str, dict] = {
@@ -29,9 +28,6 @@ FAMILIES: dict[str, dict] = {
     # Cactus with the exact binary-KL solver (the others use --solver, Taylor by default)
     "cactus-exact": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
                      "solver": "exact"},
-    # Cactus at the base δ with the cost-aware draft length: k is its ceiling
-    "auto": {"acceptance": "cactus", "drafter": "model", "per_delta": False,
-             "draft_policy": "auto"},
     "typical": {"acceptance": "typical", "drafter": "model", "per_delta": False},
     "topk": {"acceptance": "topk", "drafter": "model", "per_delta": False},
     "ngram": {"acceptance": "sps", "drafter": "ngram", "per_delta": False},  # lossless lookup
@@ -76,24 +72,30 @@ def _fmt_num(x: float) -> str:
     return f"{x:g}"
 
 
+def k_order(k) -> tuple:
+    """Sort key of grid k values: the fixed lengths in order, then ``auto``."""
+    return (1, 0) if k == "auto" else (0, k)
+
+
 def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[int]) -> list[dict]:
     """The configurations of one run, in the base order (rotated per prompt by :func:`schedule`).
 
     Each is a dict: ``id`` (unique, file-safe), ``label`` (for people), ``method`` (a FAMILIES
     name), ``acceptance`` (the native rule, None for none), ``drafter`` (None/"model"/"ngram"/"hybrid"),
-    ``k`` (None for none), ``delta`` and ``budget`` (the Cactus families only). ``none`` comes once; every other
-    family once per k, and once per δ for the Cactus ones.
+    ``k`` (None for none; an integer or ``"auto"``, the cost-aware draft length up to the base
+    request's k_max), ``delta`` and ``budget`` (the Cactus families only). ``none`` comes once;
+    every other family once per k, and once per δ for the Cactus ones.
 
-    Raises ValueError for an unknown method, an empty grid, a k < 1 or a δ < 0.
+    Raises InputError for an unknown method, an empty grid, a k < 1 or a δ < 0.
     """
     unknown = [m for m in methods if _family(m)[0] not in METHODS]
     if unknown:
         raise InputError(f"unknown configuration {unknown[0]!r}: choose from {', '.join(METHODS)}")
     if not methods:
         raise InputError("no configurations to run")
-    if not ks or any(not isinstance(k, int) or k < 1 for k in ks):
-        raise InputError(f"{{k}} values must be integers >= 1 in the benchmark grid (the verifier "
-                         f"alone is the none configuration), got {list(ks)}", param="k")
+    if not ks or any(k != "auto" and (not isinstance(k, int) or k < 1) for k in ks):
+        raise InputError(f"{{k}} values must be integers >= 1 or auto in the benchmark grid (the "
+                         f"verifier alone is the none configuration), got {list(ks)}", param="k")
     if any(not (isinstance(d, (int, float)) and d >= 0) for d in deltas):
         raise InputError(f"delta values must be >= 0 nats, got {list(deltas)}")
     if any(FAMILIES[m]["per_delta"] and "@" not in m for m in methods) and not deltas:
@@ -111,8 +113,7 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
             if fam["acceptance"] is None:
                 continue
             common = {"method": m, "acceptance": fam["acceptance"], "drafter": fam["drafter"], "k": k,
-                      "budget": fam.get("budget", "target") if fam["per_delta"] else None,
-                      "draft_policy": fam.get("draft_policy", "fixed")}
+                      "budget": fam.get("budget", "target") if fam["per_delta"] else None}
             if fam.get("solver"):
                 common["solver"] = fam["solver"]
             if fam["per_delta"]:
@@ -135,7 +136,7 @@ def with_schema(configs: list[dict], mode: str) -> list[dict]:
 
 def request_for(base, cfg: dict, json_schema: str | None = None):
     """The Request of configuration ``cfg`` (a :func:`config_grid` dict) on top of ``base``:
-    its acceptance rule, drafter, k and δ, and for a ``constrained`` one the prompt's
+    its acceptance rule, drafter, k (``auto``: up to base's k_max) and δ, and for a ``constrained`` one the prompt's
     ``json_schema`` (in place of any constraint of base); everything else (warps, seed,
     n_predict) as in base."""
     if cfg.get("constrained") and json_schema is not None:
@@ -149,7 +150,6 @@ def request_for(base, cfg: dict, json_schema: str | None = None):
         changes["budget"] = cfg["budget"]
     if cfg.get("solver"):
         changes["solver"] = cfg["solver"]
-    changes["draft_policy"] = cfg.get("draft_policy", "fixed")
     return base.replace(**changes)
 
 

@@ -1,11 +1,14 @@
-"""The benchmark plots (matplotlib, optional): acceptance length and tokens/s against δ, and the
-Pareto view, acceptance length and tokens/s against the divergence of what is emitted."""
+"""The benchmark plots (matplotlib, optional): acceptance length and tokens/s against δ; the
+Pareto view, acceptance length and tokens/s against the divergence of what is emitted; tokens/s
+against the draft length with ``-k auto``'s point; pass@1 against acceptance length."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-__all__ = ["plot_report", "plot_pareto", "pareto_points"]
+from .grid import k_order
+
+__all__ = ["plot_report", "plot_pareto", "pareto_points", "plot_k", "plot_quality"]
 
 
 def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
@@ -22,7 +25,7 @@ def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
     except ImportError:
         raise ImportError("the plot needs matplotlib: pip install 'cactus-gguf[bench]'") from None
     summary = report["summary"]
-    ks = sorted({s["k"] for s in summary if s["k"] is not None})
+    ks = sorted({s["k"] for s in summary if s["k"] is not None}, key=k_order)
     fig, (ax_al, ax_tps) = plt.subplots(1, 2, figsize=(11, 4.2))
     cactus_deltas = sorted({s["delta"] for s in summary if s["method"] == "cactus"})
     # Cactus: one colour and marker per k. References: one colour per method, one style per k.
@@ -108,7 +111,7 @@ def plot_pareto(report: dict, path: str | os.PathLike[str]) -> Path:
               "ngram": ("tab:red", "x"), "ngram-cactus": ("tab:pink", "P-"),
               "hybrid": ("tab:olive", "*")}
     for fam in dict.fromkeys(p["family"] for p in pts):
-        for k in sorted({p["k"] for p in pts if p["family"] == fam}):
+        for k in sorted({p["k"] for p in pts if p["family"] == fam}, key=k_order):
             line = sorted((p for p in pts if p["family"] == fam and p["k"] == k),
                           key=lambda p: (p["delta"] or 0.0))
             color, marker = styles.get(fam, ("gray", "o"))
@@ -135,6 +138,59 @@ def plot_pareto(report: dict, path: str | os.PathLike[str]) -> Path:
     warps = ", ".join(f"{k} {st[k]}" for k in ("temperature", "top_k", "top_p", "min_p") if k in st)
     fig.suptitle(f"acceptance per nat of real distortion ({warps}; {report['machine']['cpu']}, "
                  f"n={st['n_predict']}, {st['n_prompts']} prompts)", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_k(report: dict, path: str | os.PathLike[str]) -> Path | None:
+    """PNG: median tokens/s against the draft length, one line per configuration family over the
+    fixed ks (δ the first of the grid for the Cactus families), and each ``k=auto`` configuration
+    as a star at the mean length it drafted per step; the verifier alone as a horizontal line.
+    None when the run has fewer than two draft lengths (``auto`` counts as one). Raises
+    ImportError with an install hint when matplotlib is missing."""
+    summary = [s for s in report["summary"] if s["k"] is not None and not s.get("constrained")]
+    if len({s["k"] for s in summary}) < 2:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("the plot needs matplotlib: pip install 'cactus-gguf[bench]'") from None
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    colors = dict(zip(("cactus", "sps", "hybrid", "ngram", "typical", "topk", "cactus-exact",
+                       "cactus-output", "ngram-cactus"), plt.rcParams["axes.prop_cycle"].by_key()
+                      ["color"]))
+    for fam in dict.fromkeys(s["method"] for s in summary):
+        rows = [s for s in summary if s["method"] == fam]
+        first_delta = rows[0]["delta"]
+        rows = [s for s in rows if s["delta"] == first_delta]
+        name = fam + (f" δ={first_delta:g}" if first_delta is not None else "")
+        fixed = sorted((s for s in rows if s["k"] != "auto"), key=lambda s: s["k"])
+        color = colors.get(fam, "gray")
+        if fixed:
+            ax.plot([s["k"] for s in fixed], [s["tokens_per_second"]["median"] for s in fixed],
+                    "o-", color=color, label=f"{name}, fixed k")
+        for s in rows:
+            if s["k"] == "auto":
+                ax.plot([s["mean_drafted_length"]], [s["tokens_per_second"]["median"]], "*",
+                        ms=14, color=color, markeredgecolor="black",
+                        label=f"{name}, k=auto (at its mean drafted length)")
+    for s in report["summary"]:
+        if s["method"] == "none":
+            ax.axhline(s["tokens_per_second"]["median"], color="black", lw=1.8,
+                       label="none (verifier alone)")
+    ax.set_xlabel("draft length k (auto: mean tokens drafted per step)")
+    ax.set_ylabel("tokens/s (median over prompts)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    st = report["settings"]
+    fig.suptitle(f"speed against draft length ({report['machine']['cpu']}, n={st['n_predict']}, "
+                 f"{st['n_prompts']} prompts)", fontsize=8)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

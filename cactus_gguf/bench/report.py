@@ -158,10 +158,11 @@ def write_report(report: dict, output_dir: str | os.PathLike[str], *,
                  plot: bool = True) -> dict[str, Path | str | None]:
     """Write ``bench.json``, ``bench.md`` (the Markdown table), ``bench.png`` and, when there is
     a speculative configuration, the Pareto view ``pareto.png`` with its data ``pareto.json``,
-    and with two or more scored configurations ``quality.png`` (pass@1 against AL) (plots when
+    with two or more draft lengths ``k.png`` (tokens/s against k, ``auto`` at the length it
+    chose), and with two or more scored configurations ``quality.png`` (pass@1 against AL) (plots when
     ``plot`` and matplotlib is installed) into ``output_dir`` (created).
     Returns {"json": path, "md": path, "png": path or None, "pareto": path or None,
-    "quality": path or None, "note": message or None}.
+    "quality": path or None, "k": path or None, "note": message or None}.
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -170,7 +171,7 @@ def write_report(report: dict, output_dir: str | os.PathLike[str], *,
                                     allow_nan=False) + "\n", encoding="utf-8")
     md_path = out / "bench.md"
     md_path.write_text(format_markdown(report), encoding="utf-8")
-    png, pareto, quality, note = None, None, None, None
+    png, pareto, quality, k_png, note = None, None, None, None, None
     from .plot import pareto_points
 
     points = pareto_points(report)
@@ -179,15 +180,16 @@ def write_report(report: dict, output_dir: str | os.PathLike[str], *,
                                                     ensure_ascii=False) + "\n", encoding="utf-8")
     if plot:
         try:
-            from .plot import plot_pareto, plot_quality, plot_report
+            from .plot import plot_k, plot_pareto, plot_quality, plot_report
 
             png = plot_report(report, out / "bench.png")
+            k_png = plot_k(report, out / "k.png")
             if points:
                 pareto = plot_pareto(report, out / "pareto.png")
             quality = plot_quality(report, out / "quality.png")
         except ImportError as e:
             note = f"no plot: {e}"
     return {"json": json_path, "md": md_path, "png": png, "pareto": pareto, "quality": quality,
-            "note": note}
+            "k": k_png, "note": note}
 
 

@@ -64,6 +64,13 @@ class BenchPlan:
     def seed(self) -> int:
         return self.base.seed
 
+    @property
+    def forward_ks(self) -> list[int]:
+        """The draft lengths whose verification the forward-cost table times: the fixed ks, and
+        under ``auto`` its ceiling k_max."""
+        return sorted({k for k in self.ks if k != "auto"}
+                      | ({self.base.k_max} if "auto" in self.ks else set()))
+
 
 def _grid(values: Mapping[str, Any], name: str) -> tuple:
     """A grid option as a tuple, each value checked ("--k 4,8"; a pair's single k is one)."""
@@ -104,9 +111,13 @@ def plan_bench(given: Mapping[str, Any], *, warmup: bool = True) -> BenchPlan:
     configs = config_grid(methods, deltas, ks)
     scalar = {n: values[n] for n in (o.name for o in options_in("request"))
               if n not in ("k", "delta", "cache_prompt")}
-    base = Request(**scalar, k=max(ks), delta=deltas[0], cache_prompt=False)
+    fixed = [k for k in ks if k != "auto"]
+    base = Request(**scalar, k=max(fixed) if fixed else "auto", delta=deltas[0],
+                   cache_prompt=False)
     load = LoadOptions(**{o.name: values[o.name] for o in options_in("load")})
     validate_pairing(load, base)
+    if "auto" in ks:
+        validate_pairing(load, base.replace(k="auto"))
     if values["prompts"] is not None:
         prompts = load_prompts_jsonl(values["prompts"], values["limit"])
         source = f"file {values['prompts']}"
@@ -210,9 +221,10 @@ def open_journal(directory: str | os.PathLike[str], plan: BenchPlan, resume: boo
         raise InputError(f"{{resume}}: {path} does not start with a benchmark plan",
                          param="resume") from None
     for key in ("request", "load"):  # an option added since that sitting: it ran the default
-        if isinstance(have.get(key), dict):
+        if isinstance(have.get(key), dict):  # (one removed since is judged by what replaced it)
             have[key] = {**{k: want[key][k] for k in want[key] if k not in have[key]
-                            and want[key][k] == _plain(default(k))}, **have[key]}
+                            and want[key][k] == _plain(default(k))},
+                         **{k: v for k, v in have[key].items() if k in want[key]}}
     for key in want:
         if key != "prompts" and have.get(key) != want[key]:
             detail = (next((f"{key}.{k}" for k in want[key] if have[key].get(k) != want[key][k]),
@@ -356,13 +368,18 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
             for c in warm:
                 engine.generate(first_tokens, request_for(plan.base, c),
                                 n_predict=min(16, plan.n_predict))
+        probe = None
+        if any(c["k"] == "auto" for c in plan.configs):  # -k auto's cost model, before any run
+            engine.forward_costs(plan.base.k_max)
+            probe = engine.probe
         say("measuring forward costs")
-        forward_before = measure_forward_costs(engine, first_tokens, plan.ks, plan.forward_repeats)
+        forward_before = measure_forward_costs(engine, first_tokens, plan.forward_ks,
+                                               plan.forward_repeats)
         bar = tqdm(total=len(plan.prompts) * len(plan.configs), desc="bench", unit="run",
                    file=sys.stderr, disable=not progress, dynamic_ncols=True)
         try:
             runs = _decode_all(plan, engine, rendered, bar, journal, done)
-            forward_after = measure_forward_costs(engine, first_tokens, plan.ks,
+            forward_after = measure_forward_costs(engine, first_tokens, plan.forward_ks,
                                                   plan.forward_repeats)
         finally:
             bar.close()
@@ -383,6 +400,8 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
         "settings": _settings(plan, chat),
         "configs": plan.configs,
         "forward_ms": {"before": forward_before, "after": forward_after},
+        # -k auto's cost model: probed at load ({"cached": false, "seconds": ...}) or read back
+        "auto_probe": probe,
         "summary": summarize(plan.configs, runs, forward_before),
         "runs": runs,
     }

@@ -144,7 +144,7 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
                                                  if r.get("cpu_utilisation") is not None])["median"],
             "predicted_speedup_vs_none": None,
         }
-        if forward_ms and c["k"] is not None and s["n_prompts"]:
+        if forward_ms and isinstance(c["k"], int) and s["n_prompts"]:
             tv1 = forward_ms["verifier"].get("1")
             tvk = forward_ms["verifier"].get(str(c["k"] + 1))
             td = forward_ms["draft"].get("1", 0.0) if c["drafter"] in MODEL_DRAFTERS else 0.0

@@ -30,11 +30,29 @@ def _list_of(o: Option):
         if value is None or isinstance(value, tuple):
             return value
         try:
-            return tuple(o.type(v) for v in str(value).split(",") if v.strip())
+            return tuple(o.parse(v.strip()) for v in str(value).split(",") if v.strip())
         except ValueError:
-            raise click.BadParameter(f"expected a comma-separated list of {o.type.__name__}s, "
+            kind = " or ".join(o.words + (f"{o.type.__name__}s",))
+            raise click.BadParameter(f"expected a comma-separated list of {kind}, "
                                      f"got {value!r}") from None
     return parse
+
+
+class _NumberOrWord(click.ParamType):
+    """A number, or one of the option's ``words`` (``-k auto``)."""
+
+    def __init__(self, o: Option) -> None:
+        self.option = o
+        self.name = "|".join(o.words + (o.type.__name__,))
+
+    def convert(self, value, param, ctx):
+        try:
+            return self.option.parse(value) if isinstance(value, str) else value
+        except ValueError:
+            kind = {"int": "integer", "float": "number"}.get(self.option.type.__name__,
+                                                             self.option.type.__name__)
+            self.fail(f"{value!r} is not {' or '.join(self.option.words)} or a valid {kind}",
+                      param, ctx)
 
 
 def _help(o: Option, command: str) -> str:
@@ -61,7 +79,8 @@ def _click_option(o: Option, command: str, grid: bool):
         shown = ",".join(str(v) for v in default) if isinstance(default, tuple) else default
         return click.option(*flags, o.name, type=str, default=shown, callback=_list_of(o),
                             metavar="LIST", **kw)
-    ctype: Any = click.Choice(list(o.choices)) if o.choices else o.type
+    ctype: Any = (click.Choice(list(o.choices)) if o.choices else
+                  _NumberOrWord(o) if o.words else o.type)
     return click.option(*flags, o.name, type=ctype, default=default, multiple=o.multiple,
                         metavar=o.metavar, **kw)
 

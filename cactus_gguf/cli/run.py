@@ -22,10 +22,15 @@ def summary(result, request) -> str:
         rule = f"method {request.method}"
         if request.method == "cactus":
             rule += f" delta={request.delta:g} solver={request.solver} budget={request.budget}"
-        k = f"k<={request.k} (auto)" if request.draft_policy == "auto" else f"k={request.k}"
+        k = (f"k=auto (<= {request.k_max}, {s.n_drafted / max(1, s.n_steps):.2f} drafted/step)"
+             if request.k == "auto" else f"k={request.k}")
         parts.append(f"{rule} {k}" + (f" drafter {request.drafter}" if request.drafter != "model" else ""))
-        parts.append(f"accepted {s.mean_accepted_length:.2f}/step, acceptance {s.acceptance_rate:.1%}, "
-                     f"{s.tokens_per_verifier_call:.2f} tokens/verifier call")
+        if request.k == "auto" and s.n_drafted == 0:
+            parts.append("drafted nothing (no draft length paid for itself here; -k N forces one)")
+        else:
+            parts.append(f"accepted {s.mean_accepted_length:.2f}/step, acceptance "
+                         f"{s.acceptance_rate:.1%}, {s.tokens_per_verifier_call:.2f} tokens/verifier "
+                         "call")
         parts.append(f"output KL {s.output_kl_mean:.3f}/token (max {s.output_kl_max:.3f}, "
                      f"sum {s.output_kl_sum:.2f}) nats, target KL {s.kl_mean:.3f}")
         parts.append(f"draft {s.draft_seconds:.2f} s, verify {s.verify_seconds:.2f} s")

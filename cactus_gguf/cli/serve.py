@@ -51,7 +51,7 @@ def serve(ctx: click.Context, verifier, draft, **_options) -> None:
         click.echo(f"cactus-gguf: warning: listening on {p['host']} without --api-key: anyone who "
                    "can reach this address can use the server", err=True)
     sock = _bind(p["host"], p["port"])
-    worker = Worker(lambda: api.open_engine(plan.run), max_queue=p["max_queue"])
+    worker = Worker(lambda: api.open_engine(plan.run, probe=True), max_queue=p["max_queue"])
     config = ServerConfig(defaults=plan.run.request, model_id=plan.model_id,
                           verifier=plan.run.verifier_spec, draft=plan.run.draft_spec,
                           api_key=p["api_key"], request_timeout=p["request_timeout"],

@@ -290,7 +290,7 @@ class _Shape:
                 "solver": r.solver if r.method == "cactus" else None,
                 "budget": r.budget if r.method == "cactus" else None,
                 "k": r.k if r.method != "none" else None,
-                "draft_policy": r.draft_policy if r.method != "none" else None,
+                "k_max": r.k_max if r.method != "none" and r.k == "auto" else None,
                 "drafter": r.drafter if r.method != "none" else None,
                 "acceptance_length": s.mean_accepted_length, "acceptance_rate": s.acceptance_rate,
                 "tokens_per_verifier_call": s.tokens_per_verifier_call, "kl_mean": s.kl_mean,

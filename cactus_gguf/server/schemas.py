@@ -2,8 +2,8 @@
 
 Field names are OpenAI's (``max_tokens``, ``max_completion_tokens``, ``stop``, ``seed``,
 ``stream_options``...) plus llama.cpp's extensions (``top_k``, ``min_p``, ``cache_prompt``) and
-cactus-gguf's ``speculative`` object (``method``, ``delta``, ``solver``, ``budget``, ``k``,
-``draft_policy``, ``drafter``; or
+cactus-gguf's ``speculative`` object (``method``, ``delta``, ``solver``, ``budget``, ``k``
+(an integer or ``"auto"``), ``k_max``, ``drafter``; or
 ``false``: the verifier alone for this request). Structured output: OpenAI's ``response_format``
 (``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"schema": {...}}}``) and
 llama-server's ``grammar`` (GBNF) and ``json_schema`` fields. Values are validated by the one options
@@ -32,8 +32,8 @@ class Speculative(BaseModel):
     delta: float | None = None
     solver: str | None = None
     budget: str | None = None
-    k: int | None = None
-    draft_policy: str | None = None
+    k: int | str | None = None  # an integer or "auto" (checked by the options table)
+    k_max: int | None = None
     drafter: str | None = None
 
 
@@ -147,7 +147,7 @@ def unsupported(body: _Common) -> tuple[str, str] | None:
 # Request option name -> the OpenAI field a client wrote it as.
 _OPENAI_NAMES = {"n_predict": "max_tokens", "method": "speculative.method",
                  "delta": "speculative.delta", "solver": "speculative.solver",
-                 "budget": "speculative.budget", "draft_policy": "speculative.draft_policy",
+                 "budget": "speculative.budget", "k_max": "speculative.k_max",
                  "k": "speculative.k", "drafter": "speculative.drafter"}
 
 

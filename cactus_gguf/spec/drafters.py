@@ -47,7 +47,8 @@ class Drafter(Protocol):
     def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
                 probs: np.ndarray, tokens: np.ndarray, grammar: Constraint | None = None) -> int:
         """Draft up to ``k`` tokens into ``tokens`` (int32 [>=k]) and, unless deterministic, their
-        warped distributions into ``probs`` (float32 [>=k, V]); returns how many. ``grammar``: a
+        warped distributions into ``probs`` (float32 [>=k, V]); returns how many, 0 when
+        ``policy.uses`` forbids its kind of proposal this step. ``grammar``: a
         sampling drafter samples each token under the grammar's current mask and pushes it (so
         p is over the legal tokens, as q will be); the engine checks a deterministic drafter's
         proposal afterwards."""
@@ -117,6 +118,8 @@ class ModelDrafter:
 
     def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
                 probs: np.ndarray, tokens: np.ndarray, grammar: Constraint | None = None) -> int:
+        if not policy.uses("model"):
+            return 0  # the pending tokens wait: the next step that drafts decodes them together
         row = self.ctx.decode(self._pending(committed, self.ctx.n_past), n_logits=1)[0]
         n = 0
         for i in range(k):
@@ -168,6 +171,8 @@ class NgramDrafter:
 
     def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
                 probs: np.ndarray, tokens: np.ndarray, grammar: Constraint | None = None) -> int:
+        if not policy.uses("lookup"):
+            return 0
         L = len(committed)
         for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
             pattern = committed[L - n:]

@@ -180,8 +180,9 @@ class Engine:
         self._lock = threading.RLock()
         self._owner: Session | None = None  # the session the caches currently hold
         self._draft_tokens = np.zeros(0, dtype=np.int32)  # grown by _buffers
-        self._costs: ForwardCosts | None = None  # --draft-policy auto: probed on first use
+        self._costs: ForwardCosts | None = None  # -k auto: probed on first use
         self._costs_k = 0
+        self.probe: dict | None = None  # how forward_costs got them
         self._grammar_tokenizer = None  # llguidance's view of the vocabulary: on first use
 
     # -- lifetime ----------------------------------------------------------------------------------
@@ -329,9 +330,10 @@ class Engine:
                 drafter = ModelDrafter(self.draft, ver.n_vocab, req.draft_window)
                 if req.drafter == "hybrid":
                     drafter = HybridDrafter(drafter, req.ngram_max)
-                if req.k >= self.draft.n_batch:
-                    raise InputError(f"{{k}}={req.k} must be below the draft's n_batch="
-                                     f"{self.draft.n_batch}", param="k")
+                if req.draft_ceiling >= self.draft.n_batch:
+                    name = "k_max" if req.k == "auto" else "k"
+                    raise InputError(f"{{{name}}}={req.draft_ceiling} must be below the draft's "
+                                     f"n_batch={self.draft.n_batch}", param=name)
         seed = req.seed if req.seed >= 0 else secrets.randbits(32)
         sampler = NativeSampler(ver.n_vocab, sampling_params(req),
                                 acceptance or AcceptanceParams(method="sps"), seed)
@@ -350,16 +352,28 @@ class Engine:
         return Constraint(spec, self._grammar_tokenizer, ver.n_vocab, ver.model.is_eog)
 
     def _policy(self, req: Request, drafter):
-        """The draft-length policy: ``auto`` for the model drafter (n-gram drafts cost nothing to
-        propose, so they keep -k), else the fixed -k."""
-        if req.draft_policy == "auto" and isinstance(drafter, ModelDrafter) and req.k > 0:
-            with self._lock:  # the probe decodes on both contexts
-                if self._costs is None or self._costs_k < req.k:
-                    self._costs, _ = forward_costs(self, req.k, cache_dir())
-                    self._costs_k = req.k
-                    self._owner = None  # the probe emptied both caches
-            return CostAwareDraftLength(req.k, self._costs, req.draft_min, req.draft_p_min)
+        """The draft-length policy: the cost-aware one under ``k="auto"`` (its channels: the
+        draft model, prompt lookup, or both for the hybrid drafter), else the fixed k."""
+        if req.k == "auto" and drafter is not None:
+            channels = {"model": ("model",), "ngram": ("lookup",),
+                        "hybrid": ("model", "lookup")}[req.drafter]
+            return CostAwareDraftLength(req.k_max, self.forward_costs(req.k_max), req.draft_min,
+                                        req.draft_p_min, channels=channels)
         return FixedDraftLength.from_request(req)
+
+    def forward_costs(self, k_max: int) -> ForwardCosts:
+        """What a verifier batch of 1 .. k_max + 1 tokens and a draft token cost on this machine
+        (``-k auto``'s cost model, spec/costs.py): from the cache directory when probed before
+        for these models, build, threads and context size, else probed now (both KV caches are
+        emptied). ``probe`` tells how: {"cached": bool, "seconds": float} (None before)."""
+        with self._lock:  # the probe decodes on both contexts
+            if self._costs is None or self._costs_k < k_max:
+                t0 = time.perf_counter()
+                self._costs, cached = forward_costs(self, k_max, cache_dir())
+                self.probe = {"cached": cached, "seconds": time.perf_counter() - t0}
+                self._costs_k = k_max
+                self._owner = None  # the probe emptied both caches
+            return self._costs
 
     def _advance(self, session: Session) -> Chunk | None:
         """Under the lock: process the prompt, or run one step; the text released."""
@@ -431,7 +445,8 @@ class Engine:
             session.stats.n_lookup_steps += 1
         if grammar is not None and drafter.deterministic:
             n = grammar.extend(tokens, n)  # up to the first drafted token the grammar refuses
-        return session.policy.keep(n)  # too short to be worth a batched verification: 0
+        # a prefix worth a batched verification (0: the step is verifier-only)
+        return session.policy.keep(n, lookup=drafter.deterministic)
 
     def _step(self, session: Session) -> list[str]:
         """One draft-verify-accept-commit step; the text it released."""

@@ -7,12 +7,16 @@ A policy answers three questions for the engine's step (engine.py):
   ``probs`` (float32 [V]), whether to drop that token and stop drafting (llama.cpp
   ``--draft-p-min``);
 - ``more(n_drafted)``: after keeping a drafted token, whether to draft another;
-- ``keep(n_drafted)``: how many of the drafted tokens to verify, a prefix (0 drops a draft shorter
-  than llama.cpp's ``--draft-min``: that step is verifier-only);
+- ``uses(kind)``: whether this step may draft with the draft model (``"model"``) or with prompt
+  lookup (``"lookup"``); the drafters ask before proposing;
+- ``keep(n_drafted, lookup)``: how many of the drafted tokens to verify, a prefix (0 drops a draft
+  shorter than llama.cpp's ``--draft-min``: that step is verifier-only); ``lookup``: prompt lookup
+  proposed them;
 and is told each step's outcome through ``observe`` (adaptive policies learn from it).
 """
 from __future__ import annotations
 
+import bisect
 from typing import Protocol
 
 import numpy as np
@@ -28,7 +32,9 @@ class DraftPolicy(Protocol):
 
     def more(self, n_drafted: int) -> bool: ...
 
-    def keep(self, n_drafted: int) -> int: ...
+    def uses(self, kind: str) -> bool: ...
+
+    def keep(self, n_drafted: int, lookup: bool = False) -> int: ...
 
     def observe(self, n_drafted: int, n_accepted: int, draft_seconds: float,
                 verify_seconds: float) -> None: ...
@@ -48,7 +54,10 @@ class FixedDraftLength:
         # compared in float32, as the row (NumPy's rule for a Python float against float32)
         return self.draft_p_min > 0.0 and bool(probs.max() < self.draft_p_min)
 
-    def keep(self, n_drafted: int) -> int:
+    def uses(self, kind: str) -> bool:
+        return True
+
+    def keep(self, n_drafted: int, lookup: bool = False) -> int:
         return n_drafted if n_drafted >= self.draft_min else 0
 
     def observe(self, n_drafted: int, n_accepted: int, draft_seconds: float,
@@ -60,11 +69,11 @@ class FixedDraftLength:
 
     @classmethod
     def from_request(cls, request) -> "FixedDraftLength":
-        return cls(request.k, request.draft_min, request.draft_p_min)
+        return cls(request.draft_ceiling, request.draft_min, request.draft_p_min)
 
 
 # -------------------------------------------------------------------------------------------------
-# The cost-aware policy (--draft-policy auto)
+# The cost-aware policy (-k auto)
 # -------------------------------------------------------------------------------------------------
 
 class ForwardCosts:
@@ -88,20 +97,25 @@ class ForwardCosts:
         if 1 not in verify_seconds:
             raise ValueError("verify_seconds needs the cost of a 1-token batch")
         self._v = {int(b): float(s) for b, s in verify_seconds.items()}
+        self._sizes = sorted(self._v)
         self.draft = float(draft_seconds)
 
     def verify(self, b: int) -> float:
-        if b in self._v:
-            return self._v[b]
-        sizes = sorted(self._v)
-        lo = max((s for s in sizes if s < b), default=sizes[0])
-        hi = min((s for s in sizes if s > b), default=None)
-        if hi is None:  # beyond the largest probed size: the slope of the last two
+        v = self._v.get(b)
+        if v is not None:
+            return v
+        sizes = self._sizes
+        i = bisect.bisect_left(sizes, b)  # sizes[i - 1] < b < sizes[i]
+        if i == len(sizes):  # beyond the largest probed size: the slope of the last two
             if len(sizes) == 1:
-                return self._v[lo] * b
+                return self._v[sizes[0]] * b
             a, c = sizes[-2], sizes[-1]
             return self._v[c] + (b - c) * (self._v[c] - self._v[a]) / (c - a)
-        return self._v[lo] + (b - lo) * (self._v[hi] - self._v[lo]) / (hi - lo)
+        lo, hi = sizes[max(0, i - 1)], sizes[i]
+        if lo > b:  # below the smallest probed size
+            lo = hi
+        return self._v[lo] + (b - lo) * (self._v[hi] - self._v[lo]) / (hi - lo) if hi != lo \
+            else self._v[lo]
 
     def observe_verify(self, b: int, seconds: float) -> None:
         """Move size b's estimate towards ``seconds``, and every other size by the same factor:
@@ -113,6 +127,8 @@ class ForwardCosts:
         if current > 0:
             for size in self._v:
                 self._v[size] *= new / current
+        if b not in self._v:
+            bisect.insort(self._sizes, b)
         self._v[b] = new
 
     def observe_draft(self, seconds_per_token: float) -> None:
@@ -138,14 +154,10 @@ class AcceptanceModel:
         self.prior = prior
         self.acc = [0] * self.N_BUCKETS
         self.n = [0] * self.N_BUCKETS
+        self.mean = prior  # the overall rate, shrunk: kept up to date by update
 
     def _bucket(self, p: float) -> int:
         return min(self.N_BUCKETS - 1, max(0, int(p * self.N_BUCKETS)))
-
-    @property
-    def mean(self) -> float:
-        n, acc = sum(self.n), sum(self.acc)
-        return (acc + 2.0 * self.prior) / (n + 2.0)
 
     def estimate(self, p: float) -> float:
         b = self._bucket(p)
@@ -158,10 +170,22 @@ class AcceptanceModel:
             b = self._bucket(p)
             self.n[b] += 1
             self.acc[b] += i < n_accepted
+        self.mean = (sum(self.acc) + 2.0 * self.prior) / (sum(self.n) + 2.0)
+
+
+class _Channel:
+    """One kind of proposal under the cost-aware policy: the draft model's (``model``) or prompt
+    lookup's (``lookup``: free to propose, p one-hot), with its own acceptance model and its own
+    pause / re-probe schedule."""
+
+    def __init__(self, acceptance: AcceptanceModel) -> None:
+        self.acceptance = acceptance
+        self.paused_steps = 0
+        self.backoff = CostAwareDraftLength.EXPLORE_MIN
 
 
 class CostAwareDraftLength:
-    """Draft as many tokens as pay for themselves, 0 when none do (``--draft-policy auto``).
+    """Draft as many tokens as pay for themselves, 0 when none do (``-k auto``).
 
     The rule (expected tokens per step: Leviathan et al. 2023, "Fast Inference from Transformers
     via Speculative Decoding", sec. 3; here with a per-position acceptance instead of one α):
@@ -181,37 +205,52 @@ class CostAwareDraftLength:
         unless even every draft accepted (m = 1) would beat the verifier alone by less than 10%
         (PROBE_MARGIN): then the draft model is never used, not even to catch up on the prompt,
         which a re-probe must decode first (the draft prefills lazily under this policy).
-    Costs are corrected from each step's measured draft and verify times.
+    Prompt lookup (the ``lookup`` channel: the n-gram drafter, and the hybrid drafter's lookup
+    steps) follows the same rule with c_d = 0 and its own acceptance model and pause schedule
+    (its proposals are one-hot, so every a_i is its overall rate): on a machine where a batch of
+    j + 1 costs about j + 1 single decodes even a free, always-accepted lookup cannot pay, and it
+    stays off. Costs are corrected from each step's measured draft and verify times.
 
     Args:
         k: the ceiling, the longest draft a step may make.
         costs: ForwardCosts of this machine and these models.
         draft_min, draft_p_min: as FixedDraftLength (llama.cpp's options).
+        channels: the proposals the drafter makes: ("model",), ("lookup",) or both (hybrid).
     """
 
     EXPLORE_MIN, EXPLORE_MAX = 4, 64
     PROBE_MARGIN = 1.1  # a re-probe needs perfect acceptance to beat the verifier alone by 10%
 
     def __init__(self, k: int, costs: ForwardCosts, draft_min: int = 0,
-                 draft_p_min: float = 0.0, acceptance: AcceptanceModel | None = None) -> None:
+                 draft_p_min: float = 0.0, acceptance: AcceptanceModel | None = None,
+                 channels: tuple[str, ...] = ("model",)) -> None:
         self.k, self.costs = k, costs
         self.draft_min, self.draft_p_min = draft_min, draft_p_min
-        self.acceptance = acceptance or AcceptanceModel()
+        self.acceptance = acceptance or AcceptanceModel()  # the draft model's
+        self.lookup_acceptance = AcceptanceModel()
+        self._channels = {"model": _Channel(self.acceptance),
+                          "lookup": _Channel(self.lookup_acceptance)}
+        self._channels = {name: self._channels[name] for name in channels}
+        self._active: set[str] = set()
+        self._probing: set[str] = set()
         self._p: list[float] = []  # this step's drafted tokens' p[n]
+        self._a_run, self._e = 1.0, 1.0  # A_j and E_j of the tokens drafted so far
         self._kept = 0
-        self._paused_steps = 0
-        self._backoff = self.EXPLORE_MIN
-        self._drafted_last = False
-        self._probing = False
+        self._kind = "model"  # who proposed this step's draft
+        self._drafted_last = False  # the draft model drafted in the previous step
         self.n_paused = 0  # verifier-only steps the policy chose (for the stats)
 
     # -- the rule ---------------------------------------------------------------------------------
 
-    def _rate(self, accept: list[float], sunk: float | None = None) -> list[float]:
+    def _draft_cost(self, kind: str) -> float:
+        return self.costs.draft if kind == "model" else 0.0
+
+    def _rate(self, accept: list[float], sunk: float | None = None,
+              kind: str = "model") -> list[float]:
         """E_j / T_j for j = 0 .. len(accept) (j = 0: the verifier alone), T_j = j c_d +
         c_v(j + 1); with ``sunk`` (drafts already paid for) T_j = sunk + c_v(j + 1)."""
-        c = self.costs
-        draft = (lambda j: sunk) if sunk is not None else (lambda j: j * c.draft)
+        c, c_d = self.costs, self._draft_cost(kind)
+        draft = (lambda j: sunk) if sunk is not None else (lambda j: j * c_d)
         rates, e, a_run = [1.0 / (draft(0) + c.verify(1))], 1.0, 1.0
         for j, a in enumerate(accept, 1):
             a_run *= a
@@ -219,65 +258,91 @@ class CostAwareDraftLength:
             rates.append(e / (draft(j) + c.verify(j + 1)))
         return rates
 
-    def _pays(self, m: float, margin: float = 1.0) -> bool:
-        rates = self._rate([m] * self.k)
+    def _pays(self, m: float, margin: float = 1.0, kind: str = "model") -> bool:
+        rates = self._rate([m] * self.k, kind=kind)
         return max(rates[1:], default=0.0) > margin * rates[0]
+
+    def _decide(self, kind: str) -> str:
+        """This step, for one channel: "on", "probe" (draft and verify the ceiling, to measure
+        its acceptance again) or "off"."""
+        ch = self._channels[kind]
+        if self._pays(ch.acceptance.mean, kind=kind):
+            ch.paused_steps, ch.backoff = 0, self.EXPLORE_MIN
+            return "on"
+        if not self._pays(1.0, self.PROBE_MARGIN, kind=kind):
+            return "off"  # drafting cannot win here (by the margin): never pay for the draft
+        ch.paused_steps += 1
+        if ch.paused_steps <= ch.backoff:
+            return "off"
+        ch.paused_steps = 0
+        ch.backoff = min(self.EXPLORE_MAX, 2 * ch.backoff)  # probe, less often each time
+        return "probe"
 
     # -- the DraftPolicy protocol -------------------------------------------------------------------
 
     def draft_length(self, limit: int) -> int:
         self._p = []
-        self._probing = False
+        self._a_run, self._e = 1.0, 1.0
+        self._active, self._probing = set(), set()
         if self.k < 1 or limit < 1:
             return 0
-        if not self._pays(self.acceptance.mean):
-            if not self._pays(1.0, self.PROBE_MARGIN):
-                self.n_paused += 1
-                return 0  # drafting cannot win here (by the margin): never pay for the draft
-            self._paused_steps += 1
-            if self._paused_steps <= self._backoff:
-                self.n_paused += 1
-                return 0
-            self._paused_steps = 0
-            self._backoff = min(self.EXPLORE_MAX, 2 * self._backoff)  # probe, less often each time
-            self._probing = True  # verify the whole draft: the point is to measure acceptance
-        else:
-            self._paused_steps = 0
-            self._backoff = self.EXPLORE_MIN
+        for kind in self._channels:
+            verdict = self._decide(kind)
+            if verdict != "off":
+                self._active.add(kind)
+            if verdict == "probe":
+                self._probing.add(kind)
+        if not self._active:
+            self.n_paused += 1
+            return 0
         return min(self.k, limit)
+
+    def uses(self, kind: str) -> bool:
+        return kind in self._active
 
     def too_unsure(self, probs: np.ndarray, token: int | None = None) -> bool:
         if self.draft_p_min > 0.0 and bool(probs.max() < self.draft_p_min):
             return True
-        self._p.append(float(probs[token]) if token is not None else float(probs.max()))
+        p = float(probs[token]) if token is not None else float(probs.max())
+        self._p.append(p)
+        self._a_run *= self.acceptance.estimate(p)  # A_j: the first j all accepted
+        self._e += self._a_run  # E_j
         return False
 
     def more(self, n_drafted: int) -> bool:
-        if self._probing or n_drafted < self.draft_min:
+        if "model" in self._probing or n_drafted < self.draft_min:
             return True
-        accept = [self.acceptance.estimate(p) for p in self._p]
-        rates = self._rate(accept)
-        a_all = float(np.prod(accept)) if accept else 1.0
-        j, c = len(accept), self.costs
-        gain = a_all * self.acceptance.mean
+        j, c = len(self._p), self.costs
+        rate = self._e / (j * c.draft + c.verify(j + 1))  # E_j / T_j
+        gain = self._a_run * self.acceptance.mean
         cost = c.draft + c.verify(j + 2) - c.verify(j + 1)
-        return cost <= 0 or gain / cost >= rates[-1]
+        return cost <= 0 or gain / cost >= rate
 
-    def keep(self, n_drafted: int) -> int:
-        if self._probing:
+    def keep(self, n_drafted: int, lookup: bool = False) -> int:
+        kind = self._kind = "lookup" if lookup else "model"
+        if kind in self._probing:
             self._kept = n_drafted if n_drafted >= self.draft_min else 0
             return self._kept
+        if lookup:
+            accept = [self.lookup_acceptance.mean] * n_drafted
+        else:
+            accept = [self.acceptance.estimate(p) for p in self._p[:n_drafted]]
         # the n drafts are paid for whichever prefix is verified: rate_i = E_i / (n c_d + c_v(i+1))
-        accept = [self.acceptance.estimate(p) for p in self._p[:n_drafted]]
-        best = int(np.argmax(self._rate(accept, sunk=n_drafted * self.costs.draft)))
+        sunk = n_drafted * self._draft_cost(kind)
+        best = int(np.argmax(self._rate(accept, sunk=sunk, kind=kind)))
         self._kept = best if best >= self.draft_min else 0
         return self._kept
 
     def observe(self, n_drafted: int, n_accepted: int, draft_seconds: float,
                 verify_seconds: float) -> None:
         self.costs.observe_verify(n_drafted + 1, verify_seconds)
-        if self._p and self._drafted_last:  # else its first decode caught up a backlog
+        model_drafted = self._kind == "model" and bool(self._p)
+        if model_drafted and self._drafted_last:  # else its first decode caught up a backlog
             self.costs.observe_draft(draft_seconds / len(self._p))
         if n_drafted:
-            self.acceptance.update(self._p[:n_drafted], n_accepted)
-        self._drafted_last = bool(self._p)
+            if self._kind == "lookup":
+                self.lookup_acceptance.update([1.0] * n_drafted, n_accepted)
+            else:
+                self.acceptance.update(self._p[:n_drafted], n_accepted)
+        self._drafted_last = model_drafted
+        self._kind = "model"

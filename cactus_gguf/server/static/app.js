@@ -38,7 +38,8 @@ function showStats(s) {
 function body() {
   const method = $("method").value;
   const spec = method === "none" ? false :
-    { method, delta: Number($("delta").value), budget: $("budget").value, k: Number($("k").value) };
+    { method, delta: Number($("delta").value), budget: $("budget").value,
+      k: $("k").value.trim() === "auto" ? "auto" : Number($("k").value) };
   return { messages: history, stream: true, stream_options: { include_usage: true },
            temperature: Number($("temperature").value), max_tokens: Number($("max_tokens").value),
            speculative: spec };
