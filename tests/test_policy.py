@@ -24,9 +24,17 @@ def test_forward_costs_interpolate_and_follow_observations():
     assert c.verify(21) == pytest.approx(0.222 + 4 * (0.222 - 0.185) / 8)  # last slope
     c.observe_verify(2, 0.061)
     assert c.verify(2) == pytest.approx(0.051 + 0.2 * 0.010)
-    assert c.verify(1) == pytest.approx(0.033 * 0.053 / 0.051)  # the others scale alike
+    f = 0.053 / 0.051
+    assert c.verify(1) == pytest.approx(0.033 * f)  # the others scale alike ...
+    assert c.draft == pytest.approx(0.019 * f)  # ... the draft too, while it is not measured
+    c.observe_verify(2, 0.061, draft_too=False)
+    assert c.draft == pytest.approx(0.019 * f)
     c.observe_draft(0.029)
-    assert c.draft == pytest.approx(0.021)
+    assert c.draft == pytest.approx(0.019 * f + 0.2 * (0.029 - 0.019 * f))
+    # one observation counts at most 1.5x the estimate: a 10x hiccup moves it by 10%, not 180%
+    before = c.verify(1)
+    c.observe_verify(1, 10 * before)
+    assert c.verify(1) == pytest.approx(before * (1 + 0.2 * 0.5))
     with pytest.raises(ValueError):
         ForwardCosts({2: 0.1}, 0.01)
 
@@ -40,6 +48,19 @@ def test_acceptance_model_shrinks_buckets_towards_the_overall_rate():
     assert m.estimate(0.97) == pytest.approx((2 + 2 * 0.6) / 4)
     assert m.estimate(0.1) == pytest.approx((0 + 2 * 0.6) / 3)
     assert m.estimate(0.5) == pytest.approx(0.6)  # unseen bucket: the overall rate
+
+
+def test_verifier_only_steps_never_talk_the_policy_into_a_probe():
+    # this machine's probe (AVX2 EPYC, -t 2): even every draft accepted at k = 16 gives 17 /
+    # (16 x 28.4 + 431.5) ms = 19.2 tok/s < 1.1 x 20.8. Slow verifier steps (a long context, a
+    # hiccup) scale the draft's cost with the verifier's, so that stays true
+    pol = CostAwareDraftLength(16, ForwardCosts({1: 0.0481, 2: 0.0967, 9: 0.3513, 17: 0.4315},
+                                                0.0284))
+    ks = []
+    for i in range(400):
+        ks.append(pol.draft_length(1000))
+        pol.observe(0, 0, 0.0, (0.5 if i % 40 == 0 else 0.07) if i < 200 else 0.04)
+    assert ks == [0] * 400
 
 
 def test_on_the_epyc_costs_drafting_never_pays_so_the_draft_is_never_used():

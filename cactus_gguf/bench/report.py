@@ -92,10 +92,18 @@ def format_table(report: dict) -> list[str]:
     return lines
 
 
+def _first_token_cell(s: dict) -> str:
+    t = s.get("first_token_seconds")
+    if not t or t.get("median") is None:
+        return "–"
+    ratio = s.get("first_token_vs_none")
+    return fmt(t["median"], ".2f") + (f" ({ratio:.2f})" if ratio is not None else "")
+
+
 def format_markdown(report: dict) -> str:
     """The summary as a Markdown table, then the forward costs and the machine / model facts."""
     head = ["config", "k", "tok/s median [q25–q75]", "× none", "× sps", "× none, with prefill",
-            "AL", "accept", "tok/call", "draft / verify / accept / other",
+            "first token, s (× none)", "drafted / step", "AL", "accept", "tok/call", "draft / verify / accept / other",
             "KL(h‖q) target, nats/draft", "KL(P‖q) output, nats/token", "pass@1 [95% CI]"] + (
                 ["paired vs none: passes gained / lost (McNemar p)"] if scored(report) else []) + (
                 ["valid JSON (schema)", "grammar mask, ms/token"] if structured(report) else [])
@@ -107,6 +115,8 @@ def format_markdown(report: dict) -> str:
             f"{fmt(t['median'], '.2f')} [{fmt(t['q25'], '.2f')}–{fmt(t['q75'], '.2f')}]",
             fmt(s["speedup_vs_none"], ".2f", "–"), fmt(s["speedup_vs_sps"], ".2f", "–"),
             fmt(s["end_to_end_speedup_vs_none"], ".2f", "–"),
+            _first_token_cell(s),
+            fmt(s["mean_drafted_length"], ".2f") if spec else "–",
             fmt(s["mean_accepted_length"], ".2f") if spec else "–",
             fmt(s["acceptance_rate"], ".0%", "–"), fmt(s["tokens_per_verifier_call"], ".2f"),
             " / ".join(fmt(share[p], ".1%") for p in ("draft", "verify", "accept", "other")),
@@ -126,6 +136,11 @@ def format_markdown(report: dict) -> str:
                    f"{fw['before']['verifier'][n]:.1f} | {fw['after']['verifier'][n]:.1f} |")
     if fw["before"]["draft"]:
         out.append(f"| draft, 1 token | {fw['before']['draft']['1']:.1f} | {fw['after']['draft']['1']:.1f} |")
+    probe = report.get("auto_probe")
+    if probe:
+        out.append("")
+        out.append(f"`-k auto`'s cost model: {'read from the cache' if probe['cached'] else 'probed'}"
+                   f" in {probe['seconds']:.2f} s at load.")
     m, b = report["machine"], report["build"]
     out.append("")
     out.append(f"Machine: {m['cpu']}, {m['cores_usable']} usable cores ({', '.join(m['simd'])}), "

@@ -90,6 +90,8 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
         by_cfg[r["config"]].append(r)
     tps = {cid: {r["prompt"]: r["tokens_per_second"] for r in rs} for cid, rs in by_cfg.items()}
     e2e = {cid: {r["prompt"]: _end_to_end(r) for r in rs} for cid, rs in by_cfg.items()}
+    ttft = {cid: {r["prompt"]: r.get("first_token_seconds", 0.0) for r in rs}
+            for cid, rs in by_cfg.items()}
     sps_ids = {c["k"]: c["id"] for c in configs if c["method"] == "sps"}
     first_sps = next(iter(sps_ids.values()), None)
     out = []
@@ -118,6 +120,10 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
             "end_to_end_speedup_vs_none": (median_ratio(e2e[c["id"]], e2e["none"])
                                            if "none" in e2e and c["id"] != "none" else None),
             "vs_sps_config": sps_id,
+            # seconds from the start of prompt processing to the first emitted token
+            "first_token_seconds": quantiles([r.get("first_token_seconds", 0.0) for r in rs]),
+            "first_token_vs_none": (median_ratio(ttft[c["id"]], ttft["none"])
+                                    if "none" in ttft and c["id"] != "none" else None),
             "mean_accepted_length": tot["n_accepted"] / tot["n_steps"] if tot["n_steps"] else 0.0,
             "acceptance_rate": tot["n_accepted"] / tot["n_drafted"] if tot["n_drafted"] else None,
             "mean_drafted_length": tot["n_drafted"] / tot["n_steps"] if tot["n_steps"] else 0.0,

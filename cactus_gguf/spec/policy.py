@@ -82,9 +82,12 @@ class ForwardCosts:
     ``verify(b)``: the verifier's decode of a batch of b tokens with logits for every row
     (piecewise-linear between the probed batch sizes, extrapolated from the last two);
     ``draft``: the draft model's decode of one token. Each observation moves the estimate of its
-    batch size a fifth of the way (an exponential moving average) and scales the other sizes by
-    the same factor, so a longer context or a machine that slows down (thermal limits, another
-    process) is followed within a few steps.
+    batch size a fifth of the way (an exponential moving average; one observation counts at most
+    1.5x or 1/1.5 the current estimate, so a single hiccup cannot swing it) and scales every other
+    estimate by the same factor, the draft's too while it is not being measured: what changes
+    between the probe and a generation (the context's length, the machine's load, thermal
+    limits) slows both models alike, and decisions that depend only on the ratios of the probed
+    costs (whether drafting could ever pay) stay put while only the verifier runs.
 
     Args:
         verify_seconds: {batch size: seconds}, at least {1: ...}.
@@ -117,22 +120,28 @@ class ForwardCosts:
         return self._v[lo] + (b - lo) * (self._v[hi] - self._v[lo]) / (hi - lo) if hi != lo \
             else self._v[lo]
 
-    def observe_verify(self, b: int, seconds: float) -> None:
-        """Move size b's estimate towards ``seconds``, and every other size by the same factor:
-        what changes between the probe and a generation (the context's length, the machine's
-        load) scales all batch sizes alike, and sizes the policy stops using would otherwise
+    def observe_verify(self, b: int, seconds: float, draft_too: bool = True) -> None:
+        """Move size b's estimate towards ``seconds`` and every other size (with ``draft_too``,
+        the draft's cost too) by the same factor; sizes the policy stops using would otherwise
         keep their probed values."""
         current = self.verify(b)  # an unprobed size starts from its interpolation
-        new = current + self.RATE * (seconds - current)
+        new = current + self.RATE * (self._clip(seconds, current) - current)
         if current > 0:
+            f = new / current
             for size in self._v:
-                self._v[size] *= new / current
+                self._v[size] *= f
+            if draft_too:
+                self.draft *= f
         if b not in self._v:
             bisect.insort(self._sizes, b)
         self._v[b] = new
 
     def observe_draft(self, seconds_per_token: float) -> None:
-        self.draft += self.RATE * (seconds_per_token - self.draft)
+        self.draft += self.RATE * (self._clip(seconds_per_token, self.draft) - self.draft)
+
+    @staticmethod
+    def _clip(seconds: float, current: float) -> float:
+        return min(max(seconds, current / 1.5), current * 1.5) if current > 0 else seconds
 
     def as_dict(self) -> dict:
         return {"verify": {str(b): s for b, s in sorted(self._v.items())}, "draft": self.draft}
@@ -335,9 +344,10 @@ class CostAwareDraftLength:
 
     def observe(self, n_drafted: int, n_accepted: int, draft_seconds: float,
                 verify_seconds: float) -> None:
-        self.costs.observe_verify(n_drafted + 1, verify_seconds)
         model_drafted = self._kind == "model" and bool(self._p)
-        if model_drafted and self._drafted_last:  # else its first decode caught up a backlog
+        measured = model_drafted and self._drafted_last  # else its first decode caught a backlog up
+        self.costs.observe_verify(n_drafted + 1, verify_seconds, draft_too=not measured)
+        if measured:
             self.costs.observe_draft(draft_seconds / len(self._p))
         if n_drafted:
             if self._kind == "lookup":
