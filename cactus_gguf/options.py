@@ -461,7 +461,8 @@ def _make(cls_name: str, scope: str, doc: str, post_init: Callable[[Any], None])
     lines = [doc, "", "Fields (name: type = default; allowed values; meaning):"]
     for o in opts:
         allowed = (", ".join(o.choices) if o.choices else o.range.describe() if o.range else "")
-        lines.append(f"    {o.name}: {o.type.__name__} = {o.default!r}"
+        kind = " | ".join((o.type.__name__,) + tuple(repr(w) for w in o.words))
+        lines.append(f"    {o.name}: {kind} = {o.default!r}"
                      + (f"; {allowed}" if allowed else "") + f"; {o.help}")
     lines += ["", "Raises InputError (param = the field) for a value out of range."]
     cls = dataclasses.make_dataclass(

@@ -167,6 +167,30 @@ def test_prompt_lookup_is_a_channel_of_its_own_with_free_proposals():
     assert not pol._pays(pol.lookup_acceptance.mean, kind="lookup")
 
 
+def test_a_probe_the_other_channel_used_up_is_made_next_step():
+    # hybrid: the draft model paused (EPYC verifier, 10 ms draft: re-probed after 4 steps, see
+    # above), prompt lookup on (it has been accepted 16 of 16)
+    pol = CostAwareDraftLength(16, ForwardCosts(EPYC, 0.010), channels=("model", "lookup"))
+    pol.lookup_acceptance.update([1.0] * 16, 16)
+    probes = []
+    for step in range(7):
+        assert pol.draft_length(100) == 16 and pol.uses("lookup")
+        probes.append(pol.uses("model"))
+        if step < 6:  # the history matches: lookup proposes, the model never runs
+            pol.keep(3, lookup=True)
+            pol.observe(3, 3, 0.0, 0.067)
+        else:  # no match: the model drafts (and, probing, all 16 are verified)
+            for n in range(1, 17):
+                pol.too_unsure(np.array([0.9, 0.1], np.float32), 0)
+                assert pol.more(n)
+            assert pol.keep(16) == 16
+            pol.observe(16, 16, 0.16, 0.222)
+    # the model's probe verdict comes at step 5 and is taken back while lookup proposes, so it
+    # stands until the model really drafts (step 6); then its backoff doubles as usual
+    assert probes == [False] * 4 + [True, True, True]
+    assert pol._channels["model"].backoff == 8 and sum(pol.acceptance.n) == 16
+
+
 def test_a_fixed_length_allows_every_kind_of_proposal():
     from cactus_gguf.spec import FixedDraftLength
 

@@ -190,7 +190,8 @@ def plan_fingerprint(plan: BenchPlan) -> dict:
     configurations, prompts, every request and load option."""
     return {"schema": SCHEMA, "verifier": plan.verifier_spec, "draft": plan.draft_spec,
             "configs": [c["id"] for c in plan.configs], "prompts": [p.id for p in plan.prompts],
-            "request": {o.name: _plain(getattr(plan.base, o.name)) for o in options_in("request")},
+            "request": {o.name: _plain(getattr(plan.base, o.name)) for o in options_in("request")
+                        if o.name != "k_max" or "auto" in plan.ks},  # k_max matters under auto
             "load": {o.name: getattr(plan.load, o.name) for o in options_in("load")},
             "chat": plan.chat}
 

@@ -25,7 +25,7 @@ def summary(result, request) -> str:
         k = (f"k=auto (<= {request.k_max}, {s.n_drafted / max(1, s.n_steps):.2f} drafted/step)"
              if request.k == "auto" else f"k={request.k}")
         parts.append(f"{rule} {k}" + (f" drafter {request.drafter}" if request.drafter != "model" else ""))
-        if request.k == "auto" and s.n_drafted == 0:
+        if request.k == "auto" and s.n_drafted == 0 and s.draft_stopped_at is None:
             parts.append("drafted nothing (no draft length paid for itself here; -k N forces one)")
         else:
             parts.append(f"accepted {s.mean_accepted_length:.2f}/step, acceptance "

@@ -32,7 +32,7 @@ class Speculative(BaseModel):
     delta: float | None = None
     solver: str | None = None
     budget: str | None = None
-    k: int | str | None = None  # an integer or "auto" (checked by the options table)
+    k: int | Literal["auto"] | None = None
     k_max: int | None = None
     drafter: str | None = None
 

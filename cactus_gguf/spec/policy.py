@@ -192,6 +192,12 @@ class _Channel:
         self.paused_steps = 0
         self.backoff = CostAwareDraftLength.EXPLORE_MIN
 
+    def unprobe(self) -> None:
+        """Take back a probe that measured nothing (the other channel proposed, or this one
+        found nothing to propose): the next step probes again, the backoff as it was."""
+        self.backoff = max(CostAwareDraftLength.EXPLORE_MIN, self.backoff // 2)
+        self.paused_steps = self.backoff
+
 
 class CostAwareDraftLength:
     """Draft as many tokens as pay for themselves, 0 when none do (``-k auto``).
@@ -329,6 +335,8 @@ class CostAwareDraftLength:
 
     def keep(self, n_drafted: int, lookup: bool = False) -> int:
         kind = self._kind = "lookup" if lookup else "model"
+        for name in self._probing - ({kind} if n_drafted else set()):
+            self._channels[name].unprobe()  # it drafted nothing to measure: probe next step
         if kind in self._probing:
             self._kept = n_drafted if n_drafted >= self.draft_min else 0
             return self._kept

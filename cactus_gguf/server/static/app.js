@@ -35,11 +35,18 @@ function showStats(s) {
   $("s-reused").textContent = s.prompt_tokens_reused;
 }
 
+// "auto" or a number; anything else is sent as typed, so the server's 400 names the problem
+function kValue(text) {
+  const t = text.trim().toLowerCase();
+  if (t === "auto") return "auto";
+  return t !== "" && !Number.isNaN(Number(t)) ? Number(t) : text;
+}
+
 function body() {
   const method = $("method").value;
   const spec = method === "none" ? false :
     { method, delta: Number($("delta").value), budget: $("budget").value,
-      k: $("k").value.trim() === "auto" ? "auto" : Number($("k").value) };
+      k: kValue($("k").value) };
   return { messages: history, stream: true, stream_options: { include_usage: true },
            temperature: Number($("temperature").value), max_tokens: Number($("max_tokens").value),
            speculative: spec };
