@@ -485,10 +485,9 @@ def _check_request(r) -> None:
     if r.k == 0 and r.method != "none":  # no speculation, as llama.cpp's --draft-max 0
         object.__setattr__(r, "method", "none")
     if r.draft_min > r.draft_ceiling:
-        limit = "{k_max}" if r.k == "auto" else "{k}"
-        raise InputError(f"{{draft_min}} must be in [0, {limit}={r.draft_ceiling}], got "
-                         f"{r.draft_min}", param="draft_min",
-                         options=("k_max",) if r.k == "auto" else ("k",))
+        name = r.draft_ceiling_option
+        raise InputError(f"{{draft_min}} must be in [0, {{{name}}}={r.draft_ceiling}], got "
+                         f"{r.draft_min}", param="draft_min", options=(name,))
     if r.ngram_min > r.ngram_max:
         raise InputError(f"n-gram sizes must satisfy {{ngram_min}} <= {{ngram_max}}, got "
                          f"{r.ngram_min} > {r.ngram_max}", param="ngram_min", options=("ngram_max",))
@@ -521,6 +520,9 @@ Request = _make("Request", "request",
 Request.draft_ceiling = property(
     lambda r: r.k_max if r.k == "auto" else r.k,
     doc="The longest draft a step may make: k, or k_max under ``k=\"auto\"``.")
+Request.draft_ceiling_option = property(
+    lambda r: "k_max" if r.k == "auto" else "k",
+    doc="The option that sets draft_ceiling (for error messages).")
 LoadOptions = _make("LoadOptions", "load",
                     "What an engine is loaded with: context size, batch size, threads, GPU "
                     "offload and flash attention of the verifier (and the draft).",
@@ -534,8 +536,7 @@ def validate_pairing(load, request) -> None:
     must be below n_batch whenever a drafter is in play (with method none nothing is drafted and
     k does not matter). Raises InputError (param "k" or "k_max").
     """
-    name = "k_max" if request.k == "auto" else "k"
-    k = request.draft_ceiling
+    name, k = request.draft_ceiling_option, request.draft_ceiling
     if request.method != "none" and k >= load.n_batch > 0:
         raise InputError(f"{{{name}}}={k} must be below {{n_batch}}={load.n_batch}: the k+1 "
                          f"verified tokens go in one llama_decode (lower {{{name}}} or raise "

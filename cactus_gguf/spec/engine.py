@@ -331,7 +331,7 @@ class Engine:
                 if req.drafter == "hybrid":
                     drafter = HybridDrafter(drafter, req.ngram_max)
                 if req.draft_ceiling >= self.draft.n_batch:
-                    name = "k_max" if req.k == "auto" else "k"
+                    name = req.draft_ceiling_option
                     raise InputError(f"{{{name}}}={req.draft_ceiling} must be below the draft's "
                                      f"n_batch={self.draft.n_batch}", param=name)
         seed = req.seed if req.seed >= 0 else secrets.randbits(32)
