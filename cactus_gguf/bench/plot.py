@@ -11,12 +11,9 @@ from .grid import k_order
 __all__ = ["plot_report", "plot_pareto", "pareto_points", "plot_k", "plot_quality"]
 
 
-def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
-    """PNG: acceptance length and tokens/s against δ for Cactus (one line per k; tokens/s with its
-    q25-q75 as error bars), with sps, none and the other configurations as horizontal lines.
-
-    Raises ImportError with a one-line install hint when matplotlib is missing.
-    """
+def _pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend; ImportError with a one-line install
+    hint when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -24,6 +21,16 @@ def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError("the plot needs matplotlib: pip install 'cactus-gguf[bench]'") from None
+    return plt
+
+
+def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
+    """PNG: acceptance length and tokens/s against δ for Cactus (one line per k; tokens/s with its
+    q25-q75 as error bars), with sps, none and the other configurations as horizontal lines.
+
+    Raises ImportError with a one-line install hint when matplotlib is missing.
+    """
+    plt = _pyplot()
     summary = report["summary"]
     ks = sorted({s["k"] for s in summary if s["k"] is not None}, key=k_order)
     fig, (ax_al, ax_tps) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -97,13 +104,7 @@ def plot_pareto(report: dict, path: str | os.PathLike[str]) -> Path:
     per δ-family (points labelled with δ), one marker per other rule; the verifier alone as a
     horizontal line on the right. Up and to the left is better: more acceptance per nat of real
     distortion. Raises ImportError with an install hint when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError("the plot needs matplotlib: pip install 'cactus-gguf[bench]'") from None
+    plt = _pyplot()
     pts = pareto_points(report)
     fig, (ax_al, ax_tps) = plt.subplots(1, 2, figsize=(11, 4.2))
     styles = {"cactus (target budget)": ("tab:blue", "o-"), "cactus (output budget)": ("tab:purple", "s-"),
@@ -154,13 +155,7 @@ def plot_k(report: dict, path: str | os.PathLike[str]) -> Path | None:
     summary = [s for s in report["summary"] if s["k"] is not None and not s.get("constrained")]
     if len({s["k"] for s in summary}) < 2:
         return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError("the plot needs matplotlib: pip install 'cactus-gguf[bench]'") from None
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     colors = dict(zip(("cactus", "sps", "hybrid", "ngram", "typical", "topk", "cactus-exact",
                        "cactus-output", "ngram-cactus"), plt.rcParams["axes.prop_cycle"].by_key()
@@ -207,13 +202,7 @@ def plot_quality(report: dict, path: str | os.PathLike[str]) -> Path | None:
     points = [s for s in report["summary"] if s.get("n_scored")]
     if len(points) < 2:
         return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError("the plot needs matplotlib: pip install 'cactus-gguf[bench]'") from None
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for s in points:
         al = s["mean_accepted_length"] if s["k"] is not None else 0.0
