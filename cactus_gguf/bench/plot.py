@@ -24,6 +24,15 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: str | os.PathLike[str]) -> Path:
+    """Lay ``fig`` out, write it to ``path`` as PNG (110 dpi), close it; the path."""
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
     """PNG: acceptance length and tokens/s against δ for Cactus (one line per k; tokens/s with its
     q25-q75 as error bars), with sps, none and the other configurations as horizontal lines.
@@ -76,11 +85,7 @@ def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
     fig.suptitle(f"{title}  ({report['machine']['cpu']}, {report['settings']['n_threads']} threads, "
                  f"n={report['settings']['n_predict']}, {report['settings']['n_prompts']} prompts)",
                  fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 
@@ -139,11 +144,7 @@ def plot_pareto(report: dict, path: str | os.PathLike[str]) -> Path:
     warps = ", ".join(f"{k} {st[k]}" for k in ("temperature", "top_k", "top_p", "min_p") if k in st)
     fig.suptitle(f"acceptance per nat of real distortion ({warps}; {report['machine']['cpu']}, "
                  f"n={st['n_predict']}, {st['n_prompts']} prompts)", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_k(report: dict, path: str | os.PathLike[str]) -> Path | None:
@@ -186,11 +187,7 @@ def plot_k(report: dict, path: str | os.PathLike[str]) -> Path | None:
     st = report["settings"]
     fig.suptitle(f"speed against draft length ({report['machine']['cpu']}, n={st['n_predict']}, "
                  f"{st['n_prompts']} prompts)", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_quality(report: dict, path: str | os.PathLike[str]) -> Path | None:
