@@ -6,12 +6,15 @@ verification batch asks llama.cpp for logits on exactly its k+1 verified rows; e
 what they loaded. Memory figures are printed (run with -s) and attached to the test report as
 user properties ("RESOURCES ..." lines).
 
-"Flat" is a trend, not a difference of two samples: resident memory jumps by tens of MiB with no
-leak at all (glibc hands freed arenas back late; with weight repacking on, the repacked buffers land
-at different places from one load to the next: +22 MiB between two cycles was seen on an AMD EPYC
-with 60 cycles swinging between 199 and 273 MiB and no trend). Each test samples memory at equal
-steps and bounds their growth rate (``memory_slope``: robust slopes of both halves), which such
-jumps do not move and a leak of 1 MiB per cycle does
+"Flat" is a trend, not a difference of two samples, of the anonymous resident memory after a trim
+(``rss_mib``). Whole-process RSS jumps by tens of MiB with no leak at all: file-backed model pages
+come and go with the shared machine's page cache, glibc hands freed arenas back late, repacked
+buffers land elsewhere from one load to the next (a CI machine saw 139-175 MiB over 20 cycles with
+no trend, and a Theil-Sen slope of -0.5 MiB/cycle that hid a 1 MiB/cycle leak). The anonymous
+figure after ``malloc_trim`` stays within 0.1 MiB over the same cycles on an AMD EPYC, and a model
+left mapped is checked exactly (``mappings_of``: no mapping of a model file survives its cycle).
+Each test samples memory at equal steps and bounds the growth rate (``memory_slope``: robust slopes
+of both halves), which a leak of 1 MiB per cycle raises
 (``test_the_trend_test_catches_a_leak_of_1_mib_per_cycle``). The load/free cycles run in a fresh
 interpreter, where earlier tests' freed heap can neither shift the baseline nor absorb a leak.
 """
@@ -30,7 +33,8 @@ from cactus_gguf.options import LoadOptions, Request
 from cactus_gguf.spec import Engine, VocabMismatchError
 from cactus_gguf.sampling import NativeSampler
 
-from reliability_support import ctx, make_engine, memory_slope, rss_mib, track_loads, write_llama
+from reliability_support import (ctx, make_engine, mappings_of, memory_slope, rss_mib, track_loads,
+                                 write_llama)
 
 
 
@@ -174,11 +178,12 @@ def test_verify_batches_request_logits_only_for_verified_rows(models, monkeypatc
 def load_free_cycles(ver, dft, n: int, context: ContextOptions, generate: bool = True,
                      repack: bool | None = None, leak_mib: float = 0.0):
     """n cycles of: load both models (contexts, KV caches, vocabulary check), optionally generate
-    a few tokens, free everything. Returns RSS (MiB) after each cycle and seconds per cycle.
+    a few tokens, free everything. Returns, after each cycle, the anonymous resident memory (MiB,
+    ``rss_mib``), the seconds it took and how many mappings of the model files remain.
     ``leak_mib`` > 0 keeps that much touched memory per cycle (a deliberate leak, to show that
     the trend test sees one)."""
     load = LoadOptions(n_ctx=context.n_ctx, n_batch=context.n_batch, n_threads=context.n_threads)
-    rss, secs, kept = [], [], []
+    rss, secs, maps, kept = [], [], [], []
     for _ in range(n):
         t0 = time.perf_counter()
         with Engine(ver, dft, load, defaults=Request(k=4, temperature=0.0), repack=repack) as dec:
@@ -187,9 +192,9 @@ def load_free_cycles(ver, dft, n: int, context: ContextOptions, generate: bool =
         if leak_mib:
             kept.append(bytearray(b"x" * int(leak_mib * 2**20)))
         secs.append(time.perf_counter() - t0)
-        gc.collect()
         rss.append(rss_mib())
-    return rss, secs
+        maps.append(mappings_of([ver, dft]))
+    return rss, secs, maps
 
 
 # Cycles run in a fresh interpreter: what earlier tests left in this process's heap (freed but
@@ -201,16 +206,17 @@ args = json.loads(sys.argv[1])
 sys.path[:0] = args.pop("path")
 from cactus_gguf.llama import ContextOptions
 import test_reliability_resources as t
-rss, secs = t.load_free_cycles(args.pop("ver"), args.pop("dft"), args.pop("n"),
-                               ContextOptions(n_ctx=args.pop("n_ctx"), n_threads=1), **args)
-print(json.dumps({"rss": rss, "secs": secs}))
+rss, secs, maps = t.load_free_cycles(args.pop("ver"), args.pop("dft"), args.pop("n"),
+                                     ContextOptions(n_ctx=args.pop("n_ctx"), n_threads=1), **args)
+print(json.dumps({"rss": rss, "secs": secs, "maps": maps}))
 """
 N_CYCLES, WARMUP = 24, 4  # the first cycles keep one-time allocations (backend, thread pool, arenas)
 MAX_SLOPE = 0.5  # MiB per cycle: half the smallest leak these tests must catch
 
 
 def cycles_in_subprocess(ver, dft, n: int, n_ctx: int, **kw) -> tuple[list[float], list[float]]:
-    """``load_free_cycles`` in a fresh interpreter; (RSS MiB after each cycle, seconds each)."""
+    """``load_free_cycles`` in a fresh interpreter; (anonymous RSS MiB after each cycle, seconds
+    each). Asserts that no cycle left a mapping of a model file behind."""
     import json
     import subprocess
     import sys
@@ -223,6 +229,7 @@ def cycles_in_subprocess(ver, dft, n: int, n_ctx: int, **kw) -> tuple[list[float
                        text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["maps"] == [0] * n, f"mappings of the model files left after each cycle: {out['maps']}"
     return out["rss"], out["secs"]
 
 
@@ -239,6 +246,13 @@ def test_the_trend_test_catches_a_leak_of_1_mib_per_cycle(models):
     rss, _ = cycles_in_subprocess(models["ver"], models["dft"], 16, 512, generate=False,
                                   leak_mib=1.0)
     assert memory_slope(rss[WARMUP:]) > 0.8
+
+
+def test_the_mapping_check_sees_a_loaded_model(models):
+    """``mappings_of`` counts what a loaded model maps (so the cycles' zeros mean something)."""
+    with make_engine(models["ver"], models["dft"]):
+        assert mappings_of([models["ver"]]) >= 1 and mappings_of([models["dft"]]) >= 1
+    assert mappings_of([models["ver"], models["dft"]]) == 0
 
 
 def _repack_modes():
