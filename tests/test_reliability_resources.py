@@ -21,7 +21,6 @@ interpreter, where earlier tests' freed heap can neither shift the baseline nor 
 from __future__ import annotations
 
 import ctypes
-import gc
 import time
 
 import numpy as np
@@ -117,7 +116,6 @@ def test_500_generations_keep_memory_and_kv_cells_flat(models, monkeypatch, reco
         rss: dict[int, float] = {}
         for i in range(500):
             if i >= 50 and (i % 25 == 0 or i == 499):
-                gc.collect()
                 rss[i] = rss_mib()
             dec = decoders[i % 4]
             prompt = prompts[(i // 4) % 4]
@@ -332,7 +330,6 @@ def test_failing_loads_do_not_leak(models, tmp_path, record_property):
             with pytest.raises((ModelLoadError, VocabMismatchError)):
                 make_engine(models["ver"], draft)
         if i % 4 == 3:
-            gc.collect()
             samples.append(rss_mib())
     trend = memory_slope(samples) * 10  # MiB per 80 failing constructions
     report(record_property, "failing_loads",
