@@ -35,11 +35,13 @@ function showStats(s) {
   $("s-reused").textContent = s.prompt_tokens_reused;
 }
 
-// "auto" or a number; anything else is sent as typed, so the server's 400 names the problem
+// "auto" or a number; empty: not sent, so the server's own -k applies; anything else is sent
+// as typed, so the server's 400 names the problem
 function kValue(text) {
   const t = text.trim().toLowerCase();
+  if (t === "") return undefined;
   if (t === "auto") return "auto";
-  return t !== "" && !Number.isNaN(Number(t)) ? Number(t) : text;
+  return !Number.isNaN(Number(t)) ? Number(t) : text;
 }
 
 function body() {
