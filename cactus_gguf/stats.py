@@ -2,10 +2,13 @@
 
 Glossary: a *step* is one verifier call (a verification batch, or one verifier-alone decode);
 drafted / accepted count draft tokens over all steps; AL (mean acceptance length) = accepted
-drafts per step; tokens per verifier call = emitted tokens per step. Times are wall-clock seconds;
+drafts per step; tokens per verifier call = emitted tokens per step. An *answer* is one whole
+generation: what a user waits for, so per-answer figures (``answer_seconds``, ``n_steps`` =
+verifier calls, ``n_draft_forwards``, ``n_tokens``) are the headline speed figures; tokens per
+second alone hides a rule that makes answers longer. Times are wall-clock seconds;
 KL values are nats: ``kl_*`` of each drafted token's acceptance target h (what the paper's delta
 bounds), ``output_kl_*`` of the law P of the token each draft position emits (what the output
-actually diverges; native/cactus_native.c section 9). See README "--json".
+actually diverges; docs/maths.md, "The emitted law"). See README "--json".
 """
 from __future__ import annotations
 
@@ -29,6 +32,9 @@ class GenerationStats:
     too, so it is (n_accepted + the residual / bonus tokens used) / n_steps.
     n_lookup_steps: steps whose drafts came from prompt lookup (the hybrid drafter; the n-gram
     drafter's are all of its steps that drafted).
+    n_draft_forwards: forward passes of the draft model while generating (``llama_decode`` calls
+    on the draft context; prompt processing excluded): with ``n_steps`` (verifier calls) what an
+    answer cost in model calls, whatever the hardware.
     draft_stopped_at: emitted tokens when the draft model stopped drafting for the rest of the
     generation (None: it never did), for ``draft_stop_reason`` ("prompt does not fit the draft's
     context", "draft context full", "a token the draft's vocabulary lacks").
@@ -47,6 +53,7 @@ class GenerationStats:
     n_evaluated: int = 0
     n_end_tokens: int = 0
     n_lookup_steps: int = 0
+    n_draft_forwards: int = 0
     draft_stopped_at: int | None = None
     draft_stop_reason: str = ""
     kl_sum: float = 0.0
@@ -88,6 +95,11 @@ class GenerationStats:
         return self.n_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
     @property
+    def answer_seconds(self) -> float:
+        """The whole answer, end to end: prompt processing plus decoding, seconds."""
+        return self.prefill_seconds + self.decode_seconds
+
+    @property
     def kl_mean(self) -> float:
         """Mean over evaluated draft positions of KL(h || q), nats: the divergence of each drafted
         token's acceptance *target* (what the paper's delta bounds), not of the tokens emitted."""
@@ -98,7 +110,7 @@ class GenerationStats:
         """Mean over the tokens the steps produced of KL(P || q), nats, P the law of the token
         emitted there (bonus and verifier-only tokens count 0: they are drawn from q). The sum,
         ``output_kl_sum``, bounds the KL of the whole output from the verifier's (in expectation;
-        cactus-notes.md)."""
+        docs/maths.md, "The emitted law")."""
         produced = self.n_accepted + self.n_steps
         return self.output_kl_sum / produced if produced else 0.0
 
@@ -120,7 +132,8 @@ class GenerationStats:
                    - self.accept_seconds)
 
     DERIVED = ("mean_accepted_length", "acceptance_rate", "mean_drafted_length",
-               "tokens_per_verifier_call", "tokens_per_second", "kl_mean", "output_kl_mean",
+               "tokens_per_verifier_call", "tokens_per_second", "answer_seconds", "kl_mean",
+               "output_kl_mean",
                "delta_mean", "grammar_ms_per_token", "other_seconds")
 
     def as_dict(self) -> dict:

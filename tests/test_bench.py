@@ -28,7 +28,7 @@ def prompt_file(tmp_path_factory):
     return path
 
 
-METHODS = ("none", "sps", "cactus", "typical", "ngram")
+METHODS = ("none", "draft", "sps", "cactus", "typical", "ngram")
 DELTAS = (0.5, 1.0, 2.0)
 
 
@@ -123,8 +123,77 @@ def test_report_holds_every_per_prompt_number(tiny_run):
     assert [r["check"] is not None for r in data["runs"]] == [r["prompt"] == "add" for r in data["runs"]]
     md = written["md"].read_text(encoding="utf-8")
     assert md.count("\n| ") >= len(plan.configs) + 1 and "sha256" in md
+    assert md.startswith("Per answer") and md.count("| draft alone |") == 2
     lines = bench.format_table(report)
-    assert lines[0].startswith("config") and len(lines) == 1 + len(plan.configs) + 3
+    # the per-answer table (title, head, one row per configuration), a blank line, the per-token
+    # table (title, head, rows), then the forward costs (blank line, costs, CPU use)
+    n = len(plan.configs)
+    assert lines[0].startswith("per answer") and lines[1].startswith("config")
+    assert lines[n + 3] == "per token:" and lines[n + 4].startswith("config")
+    assert len(lines) == 2 * (n + 2) + 1 + 3
+
+
+def test_the_draft_alone_makes_no_verifier_calls_and_the_pair_counts_draft_forwards(tiny_run):
+    plan, report, _, _ = tiny_run
+    runs = report["runs"]
+    for r in runs:
+        if r["config"] == "draft":  # the draft model's own decodes, no verifier in the loop
+            assert r["n_steps"] == 0 and r["n_drafted"] == 0
+            assert r["n_draft_forwards"] == r["n_tokens"] + (r["stop_reason"] == "eos")
+        elif r["config"] == "sps-k3":  # fixed k: one draft forward per drafted token
+            assert r["n_draft_forwards"] == r["n_drafted"] > 0
+        elif r["config"] in ("none", "ngram-k3"):
+            assert r["n_draft_forwards"] == 0
+    s = {x["config"]: x for x in report["summary"]}
+    sps = [r for r in runs if r["config"] == "sps-k3"]
+    assert s["sps-k3"]["per_answer"]["verifier_calls"] == pytest.approx(
+        sum(r["n_steps"] for r in sps) / len(sps))
+    assert s["draft"]["per_answer"]["verifier_calls"] == 0
+    assert s["draft"]["per_answer_vs_none"]["verifier_calls"] == 0.0
+
+
+def test_per_answer_figures_and_their_ratios_are_exact():
+    configs = bench.config_grid(("none", "sps", "cactus"), (1.0,), (4,))
+    runs = [_run("a", "none", 10.0, n_tokens=10, n_steps=10, text="def f():\n    return 1"),
+            _run("b", "none", 10.0, n_tokens=30, n_steps=30, text="x"),
+            _run("a", "sps-k4", 10.0, n_tokens=12, n_steps=4, n_draft_forwards=12, text="y"),
+            _run("b", "sps-k4", 10.0, n_tokens=28, n_steps=6, n_draft_forwards=20,
+                 text="def f():\n    pass\nprint(f())"),
+            _run("a", "cactus-d1-k4", 10.0, n_tokens=20, n_steps=5, n_draft_forwards=18,
+                 text="assert f() == 1"),
+            _run("b", "cactus-d1-k4", 10.0, n_tokens=40, n_steps=9, n_draft_forwards=30,
+                 text="# Test cases\n")]
+    s = {x["config"]: x for x in bench.summarize(configs, runs)}
+    assert s["none"]["per_answer"] == pytest.approx(dict(
+        seconds=1.1, decode_seconds=1.0, verifier_calls=20.0, draft_forwards=None, tokens=20.0,
+        test_sections=0.0))
+    # cactus: 30 tokens per answer against none's 20 and sps's 20: x1.5 both; calls 7 vs 20 and 5
+    c = s["cactus-d1-k4"]
+    assert c["per_answer"]["tokens"] == 30.0 and c["per_answer"]["test_sections"] == 1.0
+    assert c["per_answer_vs_none"]["tokens"] == pytest.approx(1.5)
+    assert c["per_answer_vs_none"]["verifier_calls"] == pytest.approx(14 / 40)
+    assert c["per_answer_vs_none"]["draft_forwards"] is None  # none has no draft forwards
+    assert c["per_answer_vs_sps"]["verifier_calls"] == pytest.approx(14 / 10)
+    assert c["per_answer_vs_sps"]["draft_forwards"] == pytest.approx(48 / 32)
+    assert s["sps-k4"]["per_answer"]["test_sections"] == 0.5
+    assert s["none"]["per_answer_vs_none"] is None
+    assert s["none"]["per_answer_vs_sps"]["verifier_calls"] == pytest.approx(40 / 10)
+    # runs recorded before draft forwards were counted: the figure is unknown, not 0
+    old = [{k: v for k, v in r.items() if k != "n_draft_forwards"} for r in runs]
+    assert bench.summarize(configs, old)[1]["per_answer"]["draft_forwards"] is None
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("def f():\n    return 1\n", False),
+    ("def f():\n    print(1)\n    assert x\n    # Test the input\n", False),  # inside the body
+    ("def f():\n    pass\n\nprint(f())", True),
+    ("assert f(1) == 2", True),
+    ("# Test cases\n", True), ("#Example usage:\n", True), ("# Check the function\n", True),
+    ("assertion = 1\n", False), ("# A helper\n", False)])
+def test_test_sections_are_top_level_prints_asserts_and_test_comments(text, expected):
+    from cactus_gguf.bench.scoring import has_test_section
+
+    assert has_test_section(text) is expected
 
 
 def test_plot_is_a_png(tiny_run):

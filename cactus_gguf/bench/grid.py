@@ -21,6 +21,9 @@ __all__ = ["FAMILIES", "METHODS", "config_grid", "k_order", "default_methods", "
 # per-δ family at that δ only (``cactus-exact@1``), whatever the δ grid.
 FAMILIES: dict[str, dict] = {
     "none": {"acceptance": None, "drafter": None, "per_delta": False},
+    # the draft model decoding alone with the same warps (``decoder``: which model decodes): its
+    # own answers' length and style, beside the verifier's
+    "draft": {"acceptance": None, "drafter": None, "per_delta": False, "decoder": "draft"},
     "sps": {"acceptance": "sps", "drafter": "model", "per_delta": False},
     "cactus": {"acceptance": "cactus", "drafter": "model", "per_delta": True},
     "cactus-output": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
@@ -48,7 +51,8 @@ def default_methods(has_draft_model: bool = True) -> tuple[str, ...]:
 
 
 def needs_draft_model(method: str) -> bool:
-    return FAMILIES[_family(method)[0]]["drafter"] in MODEL_DRAFTERS
+    fam = FAMILIES[_family(method)[0]]
+    return fam["drafter"] in MODEL_DRAFTERS or fam.get("decoder") == "draft"
 
 
 def _family(name: str) -> tuple[str, float | None]:
@@ -82,8 +86,10 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
 
     Each is a dict: ``id`` (unique, file-safe), ``label`` (for people), ``method`` (a FAMILIES
     name), ``acceptance`` (the native rule, None for none), ``drafter`` (None/"model"/"ngram"/"hybrid"),
-    ``k`` (None for none; an integer or ``"auto"``, the cost-aware draft length up to the base
-    request's k_max), ``delta`` and ``budget`` (the Cactus families only). ``none`` comes once;
+    ``decoder`` ("verifier", or "draft" for the draft model alone),
+    ``k`` (None for none and draft; an integer or ``"auto"``, the cost-aware draft length up to the base
+    request's k_max), ``delta`` and ``budget`` (the Cactus families only). ``none`` and ``draft``
+    come once;
     every other family once per k, and once per δ for the Cactus ones.
 
     Raises InputError for an unknown method, an empty grid, a k < 1 or a δ < 0.
@@ -102,9 +108,11 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
         raise InputError("cactus needs at least one delta")
     multi_k = len(ks) > 1
     out: list[dict] = []
-    if "none" in methods:
-        out.append({"id": "none", "label": "none", "method": "none", "acceptance": None,
-                    "drafter": None, "k": None, "delta": None, "budget": None})
+    for alone, label in (("none", "none"), ("draft", "draft alone")):
+        if alone in methods:
+            out.append({"id": alone, "label": label, "method": alone, "acceptance": None,
+                        "drafter": None, "decoder": FAMILIES[alone].get("decoder", "verifier"),
+                        "k": None, "delta": None, "budget": None})
     for k in ks:
         suffix = f" k={k}" if multi_k else ""
         for name in methods:

@@ -33,26 +33,36 @@ def _save(plt, fig, path: str | os.PathLike[str]) -> Path:
     return path
 
 
+def _seconds_per_answer(s: dict) -> float | None:
+    return (s.get("per_answer") or {}).get("seconds")
+
+
 def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
-    """PNG: acceptance length and tokens/s against δ for Cactus (one line per k; tokens/s with its
-    q25-q75 as error bars), with sps, none and the other configurations as horizontal lines.
+    """PNG: against δ for Cactus (one line per k), acceptance length, tokens/s (with its q25-q75
+    as error bars) and the headline, mean seconds per answer end to end (what a user waits for: a
+    rule that makes answers longer can win tokens/s and lose here); sps, none, the draft alone
+    and the other configurations as horizontal lines.
 
     Raises ImportError with a one-line install hint when matplotlib is missing.
     """
     plt = _pyplot()
     summary = report["summary"]
     ks = sorted({s["k"] for s in summary if s["k"] is not None}, key=k_order)
-    fig, (ax_al, ax_tps) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax_al, ax_tps, ax_ans) = plt.subplots(1, 3, figsize=(15, 4.2))
+    panels = ((ax_tps, lambda s: s["tokens_per_second"]["median"]), (ax_ans, _seconds_per_answer))
     cactus_deltas = sorted({s["delta"] for s in summary if s["method"] == "cactus"})
     # Cactus: one colour and marker per k. References: one colour per method, one style per k.
     k_colors, k_markers = ["tab:blue", "tab:cyan", "navy", "tab:purple"], "os^D"
     k_styles = ["--", ":", "-.", (0, (5, 1))]
     ref_colors = {"sps": "tab:orange", "typical": "tab:green", "topk": "tab:brown", "ngram": "tab:red",
                   "hybrid": "tab:olive"}
+    alone = {"none": dict(color="black", lw=2.2, label="none (verifier alone)"),
+             "draft": dict(color="grey", lw=1.6, ls="--", label="draft alone")}
     for s in summary:  # drawn first, so that a method on the same value stays visible on top
-        if s["method"] == "none":
-            ax_tps.axhline(s["tokens_per_second"]["median"], color="black", lw=2.2,
-                           label="none (verifier alone)")
+        if s["method"] in alone:
+            for ax, value in panels:
+                if value(s) is not None:
+                    ax.axhline(value(s), **alone[s["method"]])
     for i, k in enumerate(ks):
         color, ksuf = k_colors[i % len(k_colors)], (f" k={k}" if len(ks) > 1 else "")
         cac = sorted((s for s in summary if s["method"] == "cactus" and s["k"] == k),
@@ -66,14 +76,20 @@ def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
             ax_tps.errorbar(d, med, yerr=[[m - s["tokens_per_second"]["q25"] for m, s in zip(med, cac)],
                                           [s["tokens_per_second"]["q75"] - m for m, s in zip(med, cac)]],
                             fmt=marker, color=color, capsize=4, label=f"cactus{ksuf} (bars: q25-q75)")
+            if all(_seconds_per_answer(s) is not None for s in cac):
+                ax_ans.plot(d, [_seconds_per_answer(s) for s in cac], marker, color=color,
+                            label=f"cactus{ksuf}")
         for s in summary:
             if s["k"] == k and s["method"] in ref_colors:
                 style = dict(color=ref_colors[s["method"]], ls=k_styles[i % len(k_styles)], lw=1.4,
                              label=s["label"])
                 ax_al.axhline(s["mean_accepted_length"], **style)
-                ax_tps.axhline(s["tokens_per_second"]["median"], **style)
+                for ax, value in panels:
+                    if value(s) is not None:
+                        ax.axhline(value(s), **style)
     for ax, ylabel in ((ax_al, "mean acceptance length (accepted drafts / step)"),
-                       (ax_tps, "tokens/s (median over prompts)")):
+                       (ax_tps, "tokens/s (median over prompts)"),
+                       (ax_ans, "seconds per answer, end to end (mean)")):
         ax.set_xlabel("Cactus δ (nats)")
         ax.set_ylabel(ylabel)
         if cactus_deltas:
@@ -86,8 +102,6 @@ def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
                  f"n={report['settings']['n_predict']}, {report['settings']['n_prompts']} prompts)",
                  fontsize=8)
     return _save(plt, fig, path)
-
-
 
 
 def pareto_points(report: dict) -> list[dict]:
@@ -148,42 +162,45 @@ def plot_pareto(report: dict, path: str | os.PathLike[str]) -> Path:
 
 
 def plot_k(report: dict, path: str | os.PathLike[str]) -> Path | None:
-    """PNG: median tokens/s against the draft length, one line per configuration family over the
-    fixed ks (δ the first of the grid for the Cactus families), and each ``k=auto`` configuration
-    as a star at the mean length it drafted per step; the verifier alone as a horizontal line.
-    None when the run has fewer than two draft lengths (``auto`` counts as one). Raises
-    ImportError with an install hint when matplotlib is missing."""
+    """PNG, two panels against the draft length: median tokens/s and mean seconds per answer
+    (end to end), one line per configuration family over the fixed ks (δ the first of the grid
+    for the Cactus families), and each ``k=auto`` configuration as a star at the mean length it
+    drafted per step; the verifier alone as a horizontal line. None when the run has fewer than
+    two draft lengths (``auto`` counts as one). Raises ImportError with an install hint when
+    matplotlib is missing."""
     summary = [s for s in report["summary"] if s["k"] is not None and not s.get("constrained")]
     if len({s["k"] for s in summary}) < 2:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    panels = ((axes[0], lambda s: s["tokens_per_second"]["median"], "tokens/s (median over prompts)"),
+              (axes[1], _seconds_per_answer, "seconds per answer, end to end (mean)"))
     colors = dict(zip(("cactus", "sps", "hybrid", "ngram", "typical", "topk", "cactus-exact",
                        "cactus-output", "ngram-cactus"), plt.rcParams["axes.prop_cycle"].by_key()
                       ["color"]))
-    for fam in dict.fromkeys(s["method"] for s in summary):
-        rows = [s for s in summary if s["method"] == fam]
-        first_delta = rows[0]["delta"]
-        rows = [s for s in rows if s["delta"] == first_delta]
-        name = fam + (f" δ={first_delta:g}" if first_delta is not None else "")
-        fixed = sorted((s for s in rows if s["k"] != "auto"), key=lambda s: s["k"])
-        color = colors.get(fam, "gray")
-        if fixed:
-            ax.plot([s["k"] for s in fixed], [s["tokens_per_second"]["median"] for s in fixed],
-                    "o-", color=color, label=f"{name}, fixed k")
-        for s in rows:
-            if s["k"] == "auto":
-                ax.plot([s["mean_drafted_length"]], [s["tokens_per_second"]["median"]], "*",
-                        ms=14, color=color, markeredgecolor="black",
-                        label=f"{name}, k=auto (at its mean drafted length)")
-    for s in report["summary"]:
-        if s["method"] == "none":
-            ax.axhline(s["tokens_per_second"]["median"], color="black", lw=1.8,
-                       label="none (verifier alone)")
-    ax.set_xlabel("draft length k (auto: mean tokens drafted per step)")
-    ax.set_ylabel("tokens/s (median over prompts)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    for ax, value, ylabel in panels:
+        for fam in dict.fromkeys(s["method"] for s in summary):
+            rows = [s for s in summary if s["method"] == fam]
+            first_delta = rows[0]["delta"]
+            rows = [s for s in rows if s["delta"] == first_delta and value(s) is not None]
+            name = fam + (f" δ={first_delta:g}" if first_delta is not None else "")
+            fixed = sorted((s for s in rows if s["k"] != "auto"), key=lambda s: s["k"])
+            color = colors.get(fam, "gray")
+            if fixed:
+                ax.plot([s["k"] for s in fixed], [value(s) for s in fixed], "o-", color=color,
+                        label=f"{name}, fixed k")
+            for s in rows:
+                if s["k"] == "auto":
+                    ax.plot([s["mean_drafted_length"]], [value(s)], "*", ms=14, color=color,
+                            markeredgecolor="black",
+                            label=f"{name}, k=auto (at its mean drafted length)")
+        for s in report["summary"]:
+            if s["method"] == "none" and value(s) is not None:
+                ax.axhline(value(s), color="black", lw=1.8, label="none (verifier alone)")
+        ax.set_xlabel("draft length k (auto: mean tokens drafted per step)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     st = report["settings"]
     fig.suptitle(f"speed against draft length ({report['machine']['cpu']}, n={st['n_predict']}, "
                  f"{st['n_prompts']} prompts)", fontsize=8)

@@ -51,8 +51,44 @@ def structured_cells(s: dict, dash: str) -> list[str]:
     return [valid, fmt(s.get("grammar_ms_per_token"), ".3f", dash)]
 
 
+# The per-answer table's figures: (PER_ANSWER name, column head, number format)
+_PER_ANSWER_COLUMNS = (("seconds", "s/answer", ".2f"), ("decode_seconds", "decode s/answer", ".2f"),
+                       ("verifier_calls", "verifier calls/answer", ".1f"),
+                       ("draft_forwards", "draft forwards/answer", ".1f"),
+                       ("tokens", "tokens/answer", ".1f"))
+
+
+def _per_answer_cell(s: dict, name: str, spec: str, dash: str) -> str:
+    """A per-answer figure with its ratios against none and sps: "12.3 (×0.81 none, ×1.05 sps)"."""
+    value = (s.get("per_answer") or {}).get(name)
+    if value is None:
+        return dash
+    ratios = [f"×{r:.2f} {base}" for base, r in
+              (("none", (s.get("per_answer_vs_none") or {}).get(name)),
+               ("sps", (s.get("per_answer_vs_sps") or {}).get(name))) if r is not None]
+    return format(value, spec) + (f" ({', '.join(ratios)})" if ratios else "")
+
+
+def per_answer_rows(report: dict, dash: str) -> list[list[str]]:
+    """The headline table, a user's view: what one answer costs under each configuration (means
+    over the prompts; ratios on the same prompts against none and sps at the same k), the share
+    of answers with a test / example section, and pass@1."""
+    rows = [["config"] + [head for _, head, _ in _PER_ANSWER_COLUMNS] + ["test sections"]
+            + (["pass@1"] if scored(report) else [])]
+    for s in report["summary"]:
+        share = (s.get("per_answer") or {}).get("test_sections")
+        rows.append([s["label"]] + [_per_answer_cell(s, n, f, dash) for n, _, f in _PER_ANSWER_COLUMNS]
+                    + [fmt(share, ".0%", dash)]
+                    + ([fmt(s.get("pass_at_1"), ".1%", dash)] if scored(report) else []))
+    return rows
+
+
 def format_table(report: dict) -> list[str]:
-    """The summary as aligned text lines: one row per configuration, then the forward costs."""
+    """The summary as aligned text lines: the per-answer table, then one row per configuration
+    of the per-token figures, then the forward costs."""
+    lines = ["per answer (mean; × the same prompts' none / sps):"]
+    lines += columns(per_answer_rows(report, "-"))
+    lines += ["", "per token:"]
     rows = [["config", "k", "tok/s median [q25-q75]", "x none", "x sps", "x none e2e", "AL",
              "accept", "tok/call", "draft/verify/accept/other", "KL target", "KL output",
              "pass@1 [95% CI]"] + (["vs none: +/- (p)"] if scored(report) else [])
@@ -74,7 +110,7 @@ def format_table(report: dict) -> list[str]:
             pass_cell(s, "-"),
         ] + (paired_cell(s, "-") if scored(report) else [])
           + (structured_cells(s, "-") if structured(report) else []))
-    lines = columns(rows)
+    lines += columns(rows)
     fw = report["forward_ms"]["before"]
     ver = ", ".join(f"{n} tok {ms:.1f} ms" for n, ms in fw["verifier"].items())
     lines.append("")
@@ -101,13 +137,19 @@ def _first_token_cell(s: dict) -> str:
 
 
 def format_markdown(report: dict) -> str:
-    """The summary as a Markdown table, then the forward costs and the machine / model facts."""
+    """The summary as Markdown: the per-answer table (the headline), the per-token table, then
+    the forward costs and the machine / model facts."""
+    pa = per_answer_rows(report, "–")
+    out = ["Per answer (mean over the prompts; × = ratio against the same prompts' none / sps):", "",
+           "| " + " | ".join(pa[0]) + " |", "|" + "---|" * len(pa[0])]
+    out += ["| " + " | ".join(row) + " |" for row in pa[1:]]
+    out += ["", "Per token:", ""]
     head = ["config", "k", "tok/s median [q25–q75]", "× none", "× sps", "× none, with prefill",
             "first token, s (× none)", "drafted / step", "AL", "accept", "tok/call", "draft / verify / accept / other",
             "KL(h‖q) target, nats/draft", "KL(P‖q) output, nats/token", "pass@1 [95% CI]"] + (
                 ["paired vs none: passes gained / lost (McNemar p)"] if scored(report) else []) + (
                 ["valid JSON (schema)", "grammar mask, ms/token"] if structured(report) else [])
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in report["summary"]:
         t, share, spec = s["tokens_per_second"], s["time_share"], s["k"] is not None
         out.append("| " + " | ".join([

@@ -1,6 +1,7 @@
 """The benchmark run: plan (validate every option, read the prompts, before any model loads), then
 load the pair once and decode every prompt under every configuration, interleaved, each with its
-own Request on the one engine (nothing is mutated between runs).
+own Request on the one engine (nothing is mutated between runs); the `draft` configuration runs
+the draft model alone on an engine of its own.
 
 Every run starts from empty caches (``cache_prompt`` off): configurations run the same prompt one
 after another, and reusing the previous run's cache would hand every configuration but the first a
@@ -8,6 +9,7 @@ free prompt.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -127,7 +129,8 @@ def plan_bench(given: Mapping[str, Any], *, warmup: bool = True) -> BenchPlan:
                   + (f", first {values['limit']}" if values["limit"] else ""))
     if any(p.json_schema is not None for p in prompts):
         configs = with_schema(configs, values["schema"])
-    any_draft = draft is not None and any(c["drafter"] in MODEL_DRAFTERS for c in configs)
+    any_draft = draft is not None and any(c["drafter"] in MODEL_DRAFTERS
+                                          or c.get("decoder") == "draft" for c in configs)
     return BenchPlan(verifier_spec=verifier, draft_spec=draft if any_draft else None,
                      pair_name=pair.name if pair is not None else None, configs=configs,
                      prompts=prompts, prompt_source=source, chat=values["chat"], base=base,
@@ -255,9 +258,10 @@ def open_journal(directory: str | os.PathLike[str], plan: BenchPlan, resume: boo
     return path, done
 
 
-def _decode_all(plan: BenchPlan, engine, rendered: list[tuple[str, tuple]], bar,
+def _decode_all(plan: BenchPlan, engines: dict, rendered: list[tuple[str, tuple]], bar,
                 journal: Path | None = None, done: list[dict] = ()) -> list[dict]:
-    """Every (prompt, configuration) in the interleaved order; one record per run. ``rendered``:
+    """Every (prompt, configuration) in the interleaved order; one record per run. ``engines``:
+    decoder name ("verifier", "draft") -> the Engine that runs its configurations. ``rendered``:
     each prompt's text and its stop strings. Runs in
     ``done`` (an earlier sitting's) are kept, not decoded again; each new record is appended to
     ``journal`` as it finishes."""
@@ -271,7 +275,7 @@ def _decode_all(plan: BenchPlan, engine, rendered: list[tuple[str, tuple]], bar,
                 runs.append(have[key])
                 bar.update(1)
                 continue
-            runs.append(_decode_one(plan, engine, rendered, index, pi, ci, bar))
+            runs.append(_decode_one(plan, engines, rendered, index, pi, ci, bar))
             if sink is not None:
                 sink.write(json.dumps(runs[-1], ensure_ascii=False) + "\n")
                 sink.flush()
@@ -281,10 +285,13 @@ def _decode_all(plan: BenchPlan, engine, rendered: list[tuple[str, tuple]], bar,
     return runs
 
 
-def _decode_one(plan: BenchPlan, engine, rendered: list[tuple[str, tuple]], index: int, pi: int,
-                ci: int, bar) -> dict:
-    """One (prompt, configuration) run: its record."""
+def _decode_one(plan: BenchPlan, engines: dict, rendered: list[tuple[str, tuple]], index: int,
+                pi: int, ci: int, bar) -> dict:
+    """One (prompt, configuration) run: its record. The draft model alone (decoder "draft")
+    makes no verifier calls: its decodes are recorded as draft forwards (``n_steps`` 0)."""
     p, c = plan.prompts[pi], plan.configs[ci]
+    decoder = c.get("decoder", "verifier")
+    engine = engines[decoder]
     bar.set_postfix_str(f"{p.id} {c['label']}", refresh=False)
     seed = plan.seed + pi
     text, stop = rendered[pi]
@@ -300,6 +307,8 @@ def _decode_one(plan: BenchPlan, engine, rendered: list[tuple[str, tuple]], inde
                         else None),
               "cpu_utilisation": cpu / wall if wall > 0 else None,
               **_stats_record(res.stats)}
+    if decoder == "draft":
+        record.update(n_draft_forwards=record["n_steps"], n_steps=0, tokens_per_verifier_call=0.0)
     bar.update(1)
     return record
 
@@ -349,7 +358,16 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
     verifier_path = resolve_model(plan.verifier_spec, progress=progress)
     draft_path = resolve_model(plan.draft_spec, progress=progress) if plan.draft_spec else None
     say(f"loading {verifier_path.name}" + (f" + {draft_path.name}" if draft_path else ""))
-    with Engine(verifier_path, draft_path, plan.load, defaults=plan.base) as engine:
+    with contextlib.ExitStack() as stack:
+        engine = stack.enter_context(Engine(verifier_path, draft_path, plan.load,
+                                            defaults=plan.base))
+        engines = {"verifier": engine}
+        if any(c.get("decoder") == "draft" for c in plan.configs):
+            lo = plan.load  # the draft alone, placed as the draft is in the pair
+            engines["draft"] = stack.enter_context(Engine(
+                draft_path, None, lo.replace(n_gpu_layers=lo.n_gpu_layers_draft,
+                                             device=lo.device_draft, rpc=lo.rpc_draft,
+                                             tensor_split=None), defaults=plan.base))
         models = {"verifier": _model_facts(plan.verifier_spec, verifier_path, engine.verifier)}
         if engine.draft is not None:
             models["draft"] = _model_facts(plan.draft_spec, draft_path, engine.draft)
@@ -369,6 +387,9 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
             for c in warm:
                 engine.generate(first_tokens, request_for(plan.base, c),
                                 n_predict=min(16, plan.n_predict))
+            if "draft" in engines:
+                engines["draft"].generate(first_tokens, plan.base.replace(method="none"),
+                                          n_predict=min(16, plan.n_predict))
         probe = None
         if any(c["k"] == "auto" for c in plan.configs):  # -k auto's cost model, before any run
             engine.forward_costs(plan.base.k_max)
@@ -379,7 +400,7 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
         bar = tqdm(total=len(plan.prompts) * len(plan.configs), desc="bench", unit="run",
                    file=sys.stderr, disable=not progress, dynamic_ncols=True)
         try:
-            runs = _decode_all(plan, engine, rendered, bar, journal, done)
+            runs = _decode_all(plan, engines, rendered, bar, journal, done)
             forward_after = measure_forward_costs(engine, first_tokens, plan.forward_ks,
                                                   plan.forward_repeats)
         finally:

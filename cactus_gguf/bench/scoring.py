@@ -11,7 +11,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["extract_completion", "check_completion", "harness_executes", "json_valid"]
+__all__ = ["extract_completion", "check_completion", "harness_executes", "json_valid",
+           "has_test_section"]
+
+# A top-level line that starts a test or example section of an answer: a call printed, an
+# assert, or a comment headed Test / Example / Check (indented lines belong to a function body).
+_TEST_LINE = re.compile(r"^(?:print\(|assert |# ?(?:Test|Example|Check))", re.MULTILINE)
+
+
+def has_test_section(text: str) -> bool:
+    """Whether an answer carries a test / example section: a top-level line starting
+    ``print(``, ``assert `` or ``# Test`` / ``# Example`` / ``# Check``. A style a draft model
+    can bring into the answers: such sections make answers longer and cost verifier calls
+    without changing what the function does."""
+    return _TEST_LINE.search(text) is not None
 
 
 _KEEP_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,

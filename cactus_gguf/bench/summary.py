@@ -10,7 +10,19 @@ import numpy as np
 
 from ..options import MODEL_DRAFTERS
 
-__all__ = ["quantiles", "median_ratio", "summarize", "finite", "pass_at_1_statistics"]
+__all__ = ["quantiles", "median_ratio", "summarize", "finite", "pass_at_1_statistics",
+           "per_answer", "per_answer_ratios", "PER_ANSWER"]
+
+# What one answer costs, from a run record: the figure's name -> how to read it off the record.
+# Verifier calls are the steps (verification batches or verifier-alone decodes); draft forwards
+# are the draft model's decodes (absent from runs recorded before they were counted: None).
+PER_ANSWER = {
+    "seconds": lambda r: r["prefill_seconds"] + r["decode_seconds"],  # end to end
+    "decode_seconds": lambda r: r["decode_seconds"],
+    "verifier_calls": lambda r: r["n_steps"],
+    "draft_forwards": lambda r: r.get("n_draft_forwards"),
+    "tokens": lambda r: r["n_tokens"],
+}
 
 
 def quantiles(values: Sequence[float]) -> dict[str, float | None]:
@@ -64,6 +76,42 @@ def pass_at_1_statistics(scored: Sequence[dict], baseline: Sequence[dict] | None
     return out
 
 
+def per_answer(runs: Sequence[dict]) -> dict:
+    """Mean cost of one answer over ``runs``: every PER_ANSWER figure (seconds end to end and
+    of decoding, verifier calls, draft forwards, tokens), and ``test_sections``, the share of
+    answers with a test / example section (scoring.has_test_section). None where no run has the
+    figure."""
+    from .scoring import has_test_section
+
+    out: dict = {}
+    for name, read in PER_ANSWER.items():
+        values = [read(r) for r in runs]
+        out[name] = (float(np.mean(values)) if values and None not in values else None)
+    out["test_sections"] = (sum(has_test_section(r.get("text", "")) for r in runs) / len(runs)
+                            if runs else None)
+    return out
+
+
+def per_answer_ratios(runs: Sequence[dict], base: Sequence[dict]) -> dict | None:
+    """Each PER_ANSWER figure of ``runs`` as a ratio against ``base`` (another configuration's
+    runs) on the prompts both ran: total over those prompts / the base's total, i.e. the ratio
+    of the mean answers (a paired comparison: the same prompts, seeds and warps). None for a
+    figure the base does not have or totals 0 (draft forwards of ``none``); None without base."""
+    if not base:
+        return None
+    theirs = {r["prompt"]: r for r in base}
+    pairs = [(r, theirs[r["prompt"]]) for r in runs if r["prompt"] in theirs]
+    if not pairs:
+        return None
+    out: dict = {"n_prompts": len(pairs)}
+    for name, read in PER_ANSWER.items():
+        a = [read(r) for r, _ in pairs]
+        b = [read(t) for _, t in pairs]
+        ok = None not in a and None not in b and sum(b) > 0
+        out[name] = float(sum(a) / sum(b)) if ok else None
+    return out
+
+
 def _end_to_end(run: dict) -> float:
     """Tokens per second including prompt processing (prefill) of every model involved."""
     t = run["prefill_seconds"] + run["decode_seconds"]
@@ -74,7 +122,10 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
               forward_ms: dict | None = None) -> list[dict]:
     """One summary per configuration from the per-run records (``run_bench``'s ``runs``).
 
-    Speed: tokens/s per prompt (decode only), its quantiles, and speedups as medians of per-prompt
+    The headline is per answer: ``per_answer`` (mean seconds end to end and of decoding, verifier
+    calls, draft forwards, tokens, share with test sections) and its ratios against ``none``
+    (``per_answer_vs_none``) and against ``sps`` at the same k (``per_answer_vs_sps``) on the same
+    prompts. Speed per token: tokens/s per prompt (decode only), its quantiles, and speedups as medians of per-prompt
     ratios against ``none`` and against ``sps`` at the same k (for ``none``: the first sps);
     ``end_to_end_*`` the same with prompt processing included (speculation prefills the draft too).
     Acceptance counters are pooled over prompts (total accepted / total steps ...). Time shares
@@ -120,6 +171,11 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
             "end_to_end_speedup_vs_none": (median_ratio(e2e[c["id"]], e2e["none"])
                                            if "none" in e2e and c["id"] != "none" else None),
             "vs_sps_config": sps_id,
+            # the headline: what one answer costs (a user waits for answers, not tokens)
+            "per_answer": per_answer(rs),
+            "per_answer_vs_none": (per_answer_ratios(rs, by_cfg.get("none"))
+                                   if c["id"] != "none" else None),
+            "per_answer_vs_sps": per_answer_ratios(rs, by_cfg[sps_id]) if sps_id else None,
             # seconds from the start of prompt processing to the first emitted token
             "first_token_seconds": quantiles([r.get("first_token_seconds", 0.0) for r in rs]),
             "first_token_vs_none": (median_ratio(ttft[c["id"]], ttft["none"])

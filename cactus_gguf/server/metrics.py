@@ -1,8 +1,10 @@
 """The server's Prometheus metrics (``GET /metrics``), with prometheus-client.
 
-Counters of requests (by endpoint and HTTP status) and tokens; histograms per finished generation
-of time to first token, decode speed, acceptance rate, acceptance length and target KL; the queue
-depth as a gauge. One registry per app, so two servers in one process do not mix.
+Counters of requests (by endpoint and HTTP status), tokens, verifier calls and draft forwards;
+histograms per finished generation (an answer) of its time end to end, its verifier calls and
+tokens (the per-answer figures: what a client waits for), time to first token, decode speed,
+acceptance rate, acceptance length and KL; the queue depth as a gauge. One registry per app, so
+two servers in one process do not mix.
 """
 from __future__ import annotations
 
@@ -29,6 +31,19 @@ class Metrics:
                                          registry=r)
         self.drafted = Counter("cactus_drafted_tokens", "draft tokens proposed", registry=r)
         self.accepted = Counter("cactus_accepted_tokens", "draft tokens accepted", registry=r)
+        self.verifier_calls = Counter("cactus_verifier_calls",
+                                      "verifier forward passes of generations (steps)", registry=r)
+        self.draft_forwards = Counter("cactus_draft_forwards",
+                                      "draft-model forward passes of generations", registry=r)
+        self.answer_seconds = Histogram("cactus_answer_seconds",
+                                        "one answer end to end: prompt processing plus decoding",
+                                        buckets=_SECONDS, registry=r)
+        self.answer_verifier_calls = Histogram(
+            "cactus_answer_verifier_calls", "verifier calls of one answer",
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000), registry=r)
+        self.answer_tokens = Histogram(
+            "cactus_answer_tokens", "tokens of one answer",
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 4000), registry=r)
         self.queue_depth = Gauge("cactus_queue_depth", "requests waiting for the engine",
                                  registry=r)
         self.ttft = Histogram("cactus_time_to_first_token_seconds",
@@ -54,6 +69,11 @@ class Metrics:
         self.completion_tokens.inc(stats.n_tokens)
         self.drafted.inc(stats.n_drafted)
         self.accepted.inc(stats.n_accepted)
+        self.verifier_calls.inc(stats.n_steps)
+        self.draft_forwards.inc(stats.n_draft_forwards)
+        self.answer_seconds.observe(stats.answer_seconds)
+        self.answer_verifier_calls.observe(stats.n_steps)
+        self.answer_tokens.observe(stats.n_tokens)
         if stats.first_token_seconds:
             self.ttft.observe(stats.first_token_seconds)
         if stats.tokens_per_second:

@@ -25,9 +25,12 @@ __all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "HybridDrafter"]
 
 class Drafter(Protocol):
     """Proposes draft tokens. ``deterministic``: the proposal is one token, not a distribution
-    (p one-hot: the engine passes no draft rows to the acceptance test)."""
+    (p one-hot: the engine passes no draft rows to the acceptance test). ``n_forwards``: the
+    draft-model forward passes (``llama_decode`` calls) its proposals took since ``reset``
+    (prompt processing not counted; 0 for prompt lookup)."""
 
     deterministic: bool
+    n_forwards: int
 
     def reset(self, prompt: Sequence[int], *, reuse: bool, lazy: bool = False) -> int | None:
         """Prepare to draft after ``prompt``. Returns the prompt tokens reused from an earlier
@@ -75,6 +78,7 @@ class ModelDrafter:
         self.n_logits = min(n_vocab, ctx.n_vocab)  # never propose an id the verifier lacks
         self.window = window
         self.offset = 0
+        self.n_forwards = 0
 
     def reset(self, prompt: Sequence[int], *, reuse: bool, lazy: bool = False) -> int | None:
         """Hold the prompt but its last token (the last ``window`` of them when a window is set;
@@ -121,6 +125,7 @@ class ModelDrafter:
         if not policy.uses("model"):
             return 0  # the pending tokens wait: the next step that drafts decodes them together
         row = self.ctx.decode(self._pending(committed, self.ctx.n_past), n_logits=1)[0]
+        self.n_forwards += 1
         n = 0
         for i in range(k):
             try:
@@ -137,6 +142,7 @@ class ModelDrafter:
             if i == k - 1 or self.ctx.model.is_eog(d) or not policy.more(n):
                 break  # nothing to propose after the last draft or an end-of-generation token
             row = self.ctx.decode([d], n_logits=1)[0]
+            self.n_forwards += 1
         return n
 
     def rollback(self, n_keep: int) -> None:
@@ -153,6 +159,7 @@ class NgramDrafter:
     """
 
     deterministic = True
+    n_forwards = 0
 
     def __init__(self, n_max: int, n_min: int) -> None:
         self.n_max, self.n_min = n_max, n_min
@@ -224,6 +231,10 @@ class HybridDrafter:
         if n > 0:
             return n
         return self.model.propose(committed, k, sampler, policy, probs, tokens, grammar)
+
+    @property
+    def n_forwards(self) -> int:
+        return self.model.n_forwards
 
     def rollback(self, n_keep: int) -> None:
         self.model.rollback(n_keep)

@@ -441,6 +441,7 @@ class Engine:
         grammar = session.constraint
         n = drafter.propose(committed, k, session.sampler, session.policy, probs, tokens,
                             grammar=grammar)
+        session.stats.n_draft_forwards = drafter.n_forwards
         if drafter.deterministic and n > 0:
             session.stats.n_lookup_steps += 1
         if grammar is not None and drafter.deterministic:
