@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import InputError
-from .options import (BY_NAME, MODEL_DRAFTERS, LoadOptions, Request, options_in,
+from .options import (BY_NAME, MODEL_DRAFTERS, LoadOptions, Request, check_value, options_in,
                       validate_pairing)
 from .stats import GenerationResult
 
@@ -86,8 +86,10 @@ def _of_scope(values: Mapping[str, Any], scope: str) -> dict[str, Any]:
 
 
 def read_prompt(prompt: str | None, file: str | None) -> str:
-    """The prompt text from ``prompt`` or the UTF-8 ``file`` ("-" = standard input).
-    Raises InputError (one line) for both or neither, a missing or non-UTF-8 file, empty text."""
+    """The prompt text from ``prompt`` or the UTF-8 ``file`` ("-" = standard input; a leading
+    byte-order mark is dropped). Empty text is a prompt too (the engine refuses a prompt only when
+    it has no tokens: empty text for a model that adds no BOS). Raises InputError (one line) for
+    both or neither, a missing or non-UTF-8 file."""
     if prompt is not None and file is not None:
         raise InputError("give the prompt with {prompt} or {file}, not both", param="prompt",
                          options=("file",))
@@ -100,7 +102,7 @@ def read_prompt(prompt: str | None, file: str | None) -> str:
             raise InputError(f"cannot read the prompt file {file}: {e.strerror}",
                              param="file") from None
         try:
-            text = data.decode("utf-8")
+            text = data.decode("utf-8-sig")  # a leading byte-order mark (editors write one) goes
         except UnicodeDecodeError as e:
             raise InputError(f"prompt file {file} is not UTF-8 text (bad byte at offset "
                              f"{e.start}): convert it to UTF-8", param="file") from None
@@ -109,8 +111,6 @@ def read_prompt(prompt: str | None, file: str | None) -> str:
     else:
         raise InputError("no prompt: give one with {prompt} TEXT or {file} FILE", param="prompt",
                          options=("file",))
-    if not text.strip():
-        raise InputError("the prompt is empty: give some text to continue", param="prompt")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:  # undecodable bytes from the command line arrive as surrogates
@@ -139,7 +139,7 @@ def read_file_options(values: dict[str, Any]) -> dict[str, Any]:
         if not o.file_or_text or not isinstance(value, str) or _looks_like_text(o.name, value):
             continue
         try:
-            values[o.name] = Path(value).read_text(encoding="utf-8")
+            values[o.name] = Path(value).read_text(encoding="utf-8-sig")  # a BOM is dropped
         except FileNotFoundError:
             raise InputError(f"{{{o.name}}}: file not found: {value} (give a file, or the text "
                              "itself)", param=o.name) from None
@@ -193,8 +193,9 @@ def plan_run(given: Mapping[str, Any]) -> RunPlan:
 @dataclass(frozen=True)
 class ServePlan:
     """A validated ``serve``: the models and default Request (``run``, its prompt unused), the
-    serve options (host, port, api_key, max_queue, request_timeout, cors_origin) and the model
-    id clients name (the pair's name, else the verifier's)."""
+    serve options (host, port, api_key, alias, strict_model, max_queue, request_timeout,
+    cors_origin), validated, and the model id clients see (``alias``, else the pair's name, else
+    the verifier's)."""
 
     run: RunPlan
     settings: dict[str, Any]
@@ -204,9 +205,13 @@ class ServePlan:
 def plan_serve(given: Mapping[str, Any]) -> ServePlan:
     """Like :func:`plan_run` for the server. Raises InputError."""
     plan, values = _plan(given, "serve")
-    model_id = plan.pair_name or Path(plan.verifier_spec).name.removesuffix(".gguf")
-    return ServePlan(run=plan, settings={o.name: values[o.name] for o in options_in("serve")},
-                     model_id=model_id)
+    settings = {}
+    for o in options_in("serve"):
+        value = o.normalize(values[o.name]) if o.normalize is not None else values[o.name]
+        settings[o.name] = check_value(o.name, value)
+    model_id = (settings["alias"] or plan.pair_name
+                or Path(plan.verifier_spec).name.removesuffix(".gguf"))
+    return ServePlan(run=plan, settings=settings, model_id=model_id)
 
 
 def open_engine(plan: RunPlan, probe: bool = False):

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from .errors import InputError
-from .values import (_endpoints, _tensor_split, normalize_json_schema, parse_endpoints,
-                     parse_tensor_split)
+from .values import (_endpoints, _nonempty, _tensor_split, normalize_json_schema,
+                     parse_endpoints, parse_tensor_split)
 
 __all__ = ["Option", "OPTIONS", "LoadOptions", "Request", "options_in", "default", "check_value",
            "validate_pairing", "markdown_table", "constraint_of", "normalize_json_schema",
@@ -152,6 +152,8 @@ class Option:
         if self.multiple:
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
                 return f"must be a string or a list of strings, got {type(value).__name__}"
+            if "" in value:  # an empty stop string would match before the first token
+                return "must not be an empty string"
             return None
         if self.type is bool:
             return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
@@ -165,8 +167,10 @@ class Option:
             kind = "an integer" if self.type is int else "a number"
             kind = " or ".join(self.words + (kind,))
             return f"must be {kind}, got {value!r}"
-        if self.type is float and math.isnan(value):
-            return f"must be {self.range.describe() if self.range else 'a number'}, got nan"
+        if self.type is float and math.isnan(value):  # NaN fails every comparison: say so
+            wanted = self.range.describe() if self.range else "a number"
+            wanted = wanted if wanted.startswith("a number") else f"a number {wanted}"
+            return f"must be {wanted}, got nan"
         if self.range is not None and not self.range.contains(value):
             return f"must be {self.range.describe()}, got {_num(value)}"
         return None
@@ -218,8 +222,9 @@ OPTIONS: tuple[Option, ...] = (
            ("--chat",), scope="run", optional=True, commands=_RUN | _BENCH,
            command_defaults={"bench": None}),
     # -- request: what one generation does -------------------------------------------------------
-    Option("n_predict", int, 128, "tokens to generate", ("-n", "--n-predict"), range=Range(lo=1),
-           metavar="N"),
+    Option("n_predict", int, 128, "tokens to generate; -1 = until the end of generation or a full "
+           "context (as llama.cpp)", ("-n", "--n-predict"),
+           range=Range(lo=1, also=(-1,), note="-1 = no limit"), metavar="N"),
     Option("k", int, "auto", "draft length: tokens proposed per verification step (below `-b`); "
            "`auto`: each step drafts as many (0 … `--k-max`) as pay for themselves on this "
            "machine (its forward costs, probed once and cached, and the acceptance seen so far; "
@@ -282,8 +287,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("seed", int, -1, "RNG seed; -1 = random (the seed used is reported)", ("-s", "--seed"),
            range=Range(hi=2**64, hi_open=True, note="negative = random"), metavar="N",
            command_defaults={"bench": 0}),
-    Option("stop", str, (), "stop string (repeatable); never printed", ("--stop",), multiple=True,
-           metavar="TEXT", shown_default="", commands=_GEN),
+    Option("stop", str, (), "stop string (repeatable, not empty); never printed", ("--stop",),
+           multiple=True, metavar="TEXT", shown_default="", commands=_GEN),
     Option("grammar", str, None, "constrain the output to a GBNF grammar (llama.cpp's format): "
            "the grammar text or a `.gbnf` file; the draft, the acceptance test, the residual and "
            "the bonus token all see only the tokens it allows (README \"Structured output\")",
@@ -350,9 +355,16 @@ OPTIONS: tuple[Option, ...] = (
            commands=_SERVE),
     Option("port", int, 8080, "port to listen on (0 = any free port)", ("--port",), scope="serve",
            range=Range(lo=0, hi=65535), metavar="N", commands=_SERVE),
-    Option("api_key", str, None, "require `Authorization: Bearer KEY` (as llama-server's)",
-           ("--api-key",), scope="serve", optional=True, metavar="KEY", shown_default="none",
-           commands=_SERVE),
+    Option("api_key", str, None, "require the key: `Authorization: Bearer KEY` (as llama-server's; "
+           "the scheme in any case) or `x-api-key: KEY`", ("--api-key",), scope="serve",
+           optional=True, metavar="KEY", shown_default="none", commands=_SERVE),
+    Option("alias", str, None, "the model id clients see (`GET /v1/models`, each response's "
+           "`model`), as llama-server's `--alias`", ("-a", "--alias"), scope="serve",
+           optional=True, metavar="NAME", shown_default="pair or verifier name", commands=_SERVE,
+           normalize=lambda v: _nonempty(v, "alias")),
+    Option("strict_model", bool, False, "answer 404 to a request naming another model than the "
+           "served id (default: any name is served, as llama-server does with one model)",
+           ("--strict-model",), scope="serve", commands=_SERVE),
     Option("max_queue", int, 16, "most requests waiting for the engine; more get 503 with "
            "Retry-After", ("--max-queue",), scope="serve", range=Range(lo=0), metavar="N",
            commands=_SERVE),

@@ -82,6 +82,13 @@ def _endpoints(value: Any, name: str) -> Any:
     return ",".join(parse_endpoints(value, name)) if isinstance(value, str) else value
 
 
+def _nonempty(value: Any, name: str) -> Any:
+    """A text option that must say something (``--alias``): InputError for empty or blank text."""
+    if isinstance(value, str) and not value.strip():
+        raise InputError(f"{{{name}}} is empty: give a name", param=name)
+    return value
+
+
 def _tensor_split(value: Any) -> Any:
     if not isinstance(value, str):
         return value

@@ -2,7 +2,8 @@
 
 Errors: every error is one line on stderr, ``cactus-gguf: error: ...``, with the option named by
 its flag, and the exit code of its kind (errors.py): 1 bad input (also a malformed or unknown
-option), 2 does not fit (context, memory), 3 engine failure, 130 interrupted.
+option), 2 does not fit (context, memory), 3 engine failure, 130 interrupted (Ctrl-C), 143
+terminated (SIGTERM: as Ctrl-C, the partial result kept).
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ import click
 from ..errors import CactusError
 from .params import flag_of
 
-__all__ = ["main", "fail", "report_error"]
+__all__ = ["main", "fail", "report_error", "exit_interrupted"]
+
+_terminated = threading.Event()  # a SIGTERM arrived: exit 143, not 130
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -32,6 +35,25 @@ def report_error(e: BaseException) -> None:
     if isinstance(e, CactusError):
         fail(e.render(flag_of), e.exit_code)
     fail(str(e), 1)
+
+
+def exit_interrupted(hint: str = "") -> None:
+    """After a Ctrl-C or a SIGTERM was handled (the partial result printed): one line on stderr,
+    ``cactus-gguf: interrupted`` / ``terminated`` + ``hint``, and the exit code, 130 or 143
+    (128 + the signal number, as a shell reports a process the signal ended)."""
+    if _terminated.is_set():
+        click.echo(f"cactus-gguf: terminated{hint}", err=True)
+        raise SystemExit(128 + signal.SIGTERM)
+    click.echo(f"cactus-gguf: interrupted{hint}", err=True)
+    raise SystemExit(128 + signal.SIGINT)
+
+
+def _sigterm(signum: int, frame) -> None:
+    """SIGTERM (``timeout``, systemd, docker, a desktop app stopping its child) is handled as a
+    Ctrl-C, so what was generated is kept (``--json`` still prints the partial object); the exit
+    code then says which it was."""
+    _terminated.set()
+    _sigint(signum, frame)
 
 
 def _sigint(signum: int, frame) -> None:
@@ -53,10 +75,14 @@ def _sigint(signum: int, frame) -> None:
 
 
 def install_sigint_bridge() -> None:
-    """Install :func:`_sigint` where nobody chose another SIGINT handler (main thread only)."""
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+    """Install :func:`_sigint` where nobody chose another SIGINT handler, and :func:`_sigterm`
+    where SIGTERM has its default action (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _sigint)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _sigterm)
 
 
 class _OneLineErrors(click.Group):
@@ -75,8 +101,7 @@ class _OneLineErrors(click.Group):
                 raise SystemExit(e.exit_code) from None
             fail(e.format_message())
         except click.exceptions.Abort:  # Ctrl-C outside generation (generation handles its own)
-            click.echo("cactus-gguf: interrupted", err=True)
-            raise SystemExit(130) from None
+            exit_interrupted()
         except OSError as e:
             if e.errno != errno.EPIPE:
                 _internal(e)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from . import model_command, report_error
+from . import exit_interrupted, model_command, report_error
 from .params import given
 
 
@@ -49,10 +49,8 @@ def bench_command(ctx: click.Context, verifier, draft, **_options) -> None:
         report = bench.run_bench(plan, progress=progress,
                                  log=lambda m: click.echo(f"cactus-gguf: {m}", err=True),
                                  output=output, resume=resume is not None)
-    except KeyboardInterrupt:
-        click.echo(f"cactus-gguf: interrupted; `--resume {output}` (same options) continues "
-                   "the run", err=True)
-        raise SystemExit(130)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the journal holds every finished run
+        exit_interrupted(f"; `--resume {output}` (same options) continues the run")
     except (CactusError, ValueError, RuntimeError, OSError) as e:
         report_error(e)
     for line in bench.format_table(report):

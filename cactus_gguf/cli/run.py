@@ -7,7 +7,7 @@ import click
 
 from ..errors import CactusError
 from ..options import CONSTRAINTS
-from . import fail, model_command, report_error
+from . import exit_interrupted, fail, model_command, report_error
 from .params import given
 
 
@@ -89,8 +89,7 @@ def run(ctx: click.Context, verifier, draft, **_options) -> None:
             out.json(api.result_json(partial or api.nothing_generated(plan), plan))
         elif out.printed:
             out.write("\n")
-        click.echo("cactus-gguf: interrupted", err=True)
-        raise SystemExit(130)
+        exit_interrupted()
     except OutputError as e:
         out.silence()
         report_error(e)

@@ -26,11 +26,16 @@ from . import devices, log
 from .hw import default_threads, physical_memory
 from .model import ModelLoadError, Model, ModelOptions
 
-__all__ = ["ContextOptions", "Context", "DecodeError", "KvCacheTooLargeError"]
+__all__ = ["ContextOptions", "Context", "DecodeError", "DecodeCancelled", "KvCacheTooLargeError"]
 
 
 class DecodeError(EngineError):
     """``llama_decode`` returned a non-zero status, or a KV-cache edit failed."""
+
+
+class DecodeCancelled(DecodeError):
+    """A decode of several ``n_batch`` chunks was stopped between two of them (see
+    :meth:`Context.interruptible`); the KV cache holds the chunks decoded before."""
 
 
 class KvCacheTooLargeError(CapacityError):
@@ -119,6 +124,7 @@ class Context:
         self.n_ctx: int = llama_cpp.llama_n_ctx(self.ptr)
         self.n_batch: int = llama_cpp.llama_n_batch(self.ptr)
         self.tokens: list[int] = []
+        self._should_stop = None  # interruptible(): asked between the n_batch chunks of a decode
         # One reusable batch of n_batch rows; seq_id / n_seq_id never change (one sequence).
         with log.critical():
             self._batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1)
@@ -180,6 +186,17 @@ class Context:
     def n_vocab(self) -> int:
         return self.model.n_vocab
 
+    @contextlib.contextmanager
+    def interruptible(self, should_stop):
+        """Within the block, a decode of more than ``n_batch`` tokens (a prompt) calls
+        ``should_stop()`` before each chunk after the first and, when it is true, stops there with
+        DecodeCancelled (the chunks decoded so far stay in the cache, ``tokens`` says which)."""
+        previous, self._should_stop = self._should_stop, should_stop
+        try:
+            yield self
+        finally:
+            self._should_stop = previous
+
     def decode(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
         """Append ``tokens`` at positions ``n_past ..`` and run the model.
 
@@ -188,7 +205,8 @@ class Context:
         the next decode on this context. Tokens longer than ``n_batch`` are decoded in chunks.
 
         Raises DecodeError when the context is full or ``llama_decode`` fails; the KV cache is
-        then rolled back to its state before the call.
+        then rolled back to its state before the call. Raises DecodeCancelled when the
+        :meth:`interruptible` check said stop between two chunks.
         """
         n = len(tokens)
         if n == 0:
@@ -204,6 +222,8 @@ class Context:
         first_chunk = n - (n - 1) // self.n_batch * self.n_batch  # in [1, n_batch]
         bounds = [0, *range(first_chunk, n + 1, self.n_batch)]
         for c0, c1 in zip(bounds, bounds[1:]):
+            if c0 > 0 and self._should_stop is not None and self._should_stop():
+                raise DecodeCancelled(f"decode stopped after {c0} of {n} tokens")
             chunk = tokens[c0:c1]
             m = len(chunk)
             self._b_token[:m] = chunk

@@ -6,22 +6,35 @@ the verifier's only, for prompt lookup): from the cache file
 ``<cache_dir>/forward-costs.json`` when this machine has probed these models with this build,
 thread count and context size before, else from a short probe that is then cached (each model
 prefills a 16-token context once, then every batch size is decoded once on top of it: online
-correction refines it).
+correction refines it). Several processes may probe at once (six ``run``s with different
+``-t``): each adds its entry under a lock on ``forward-costs.json.lock`` (re-reading the table
+there), writes a temporary file of its own and renames it over the table, so no entry is lost and
+no reader sees half a file.
+
+``SlowStepWatch`` compares each step with those costs and logs one warning when steps run far
+slower than probed (another busy process on the cores: llama.cpp's threads spin-wait).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
+import stat
 import statistics
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..llama.hw import system_info
 from .policy import ForwardCosts
 
-__all__ = ["measure_forward_costs", "forward_costs", "probe_sizes", "COSTS_FILE"]
+__all__ = ["measure_forward_costs", "forward_costs", "probe_sizes", "store_costs",
+           "SlowStepWatch", "COSTS_FILE"]
+
+log = logging.getLogger(__name__)
 
 COSTS_FILE = "forward-costs.json"
 
@@ -115,11 +128,114 @@ def forward_costs(engine, k_max: int, cache_dir: Path | None) -> tuple[ForwardCo
                          ms["draft"].get("1", 0.0) / 1e3)  # no draft model: lookup only
     if path is not None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            table[key] = costs.as_dict()
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
-            tmp.replace(path)
+            store_costs(path, key, costs.as_dict())
         except OSError:
             pass  # a read-only cache only costs a probe next time
     return costs, False
+
+
+def _read_table(path: Path) -> dict:
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """An exclusive lock on ``lock_path`` between processes: ``fcntl.flock`` on POSIX,
+    ``msvcrt.locking`` on Windows (both released when the file is closed, also by a crash)."""
+    with open(lock_path, "a+b") as f:
+        try:
+            import fcntl
+        except ImportError:  # Windows
+            import msvcrt
+
+            f.seek(0)
+            while True:
+                try:
+                    msvcrt.locking(f.fileno(), msvcrt.LK_LOCK, 1)  # retries for ~10 s itself
+                    break
+                except OSError:
+                    continue
+            try:
+                yield
+            finally:
+                f.seek(0)
+                msvcrt.locking(f.fileno(), msvcrt.LK_UNLCK, 1)
+        else:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def store_costs(path: Path, key: str, entry: dict) -> None:
+    """Add ``entry`` under ``key`` to the JSON table at ``path``, keeping every other process's
+    entries: under the lock, the table is read again, the entry merged in, and the result written
+    to a temporary file of this process's own in the same directory, then renamed over the table
+    (atomic: a reader sees the old table or the new one). Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.with_name(path.name + ".lock")):
+        table = _read_table(path)
+        table[key] = entry
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps(table, indent=1) + "\n")
+            # mkstemp's file is private (0600): keep the table's mode, else an ordinary file's
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode) if path.exists() else 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+
+class SlowStepWatch:
+    """One warning (per engine, through ``logging``) when verification steps run far slower than
+    this machine's probed forward costs say they should.
+
+    The usual cause: another busy process on the same cores. llama.cpp's threads spin-wait for
+    each other at every barrier, so with every core's thread competing, a decode that takes
+    milliseconds alone can take seconds (a run looks hung inside ``llama_decode``); fewer threads
+    than cores, or a free machine, restores the speed.
+
+    A step is slow when its verifier decode takes at least ``factor`` times the probed cost of its
+    batch (the costs as probed, not the policy's online-corrected ones, which follow the slowdown)
+    and at least ``min_seconds`` (a tiny model's millisecond step far into a long context is not
+    a stall); ``run`` slow steps in a row give the warning.
+    """
+
+    def __init__(self, n_threads: int, factor: float = 10.0, min_seconds: float = 0.2,
+                 run: int = 3) -> None:
+        self.n_threads, self.factor, self.min_seconds, self.run = n_threads, factor, min_seconds, run
+        self._probed: ForwardCosts | None = None
+        self._slow = 0
+        self.warned = False
+
+    def expect(self, costs: ForwardCosts) -> None:
+        """The probed (or cached) costs to compare with; a copy, so online corrections of
+        ``costs`` do not move it."""
+        d = costs.as_dict()
+        self._probed = ForwardCosts({int(b): v for b, v in d["verify"].items()}, d["draft"])
+
+    def observe(self, n_drafted: int, verify_seconds: float) -> None:
+        """One step's verifier decode of ``n_drafted`` + 1 tokens took ``verify_seconds``."""
+        if self._probed is None or self.warned:
+            return
+        probed = self._probed.verify(n_drafted + 1)
+        if verify_seconds < max(self.factor * probed, self.min_seconds):
+            self._slow = 0
+            return
+        self._slow += 1
+        if self._slow >= self.run:
+            self.warned = True
+            log.warning(
+                "cactus-gguf: warning: llama_decode steps take %.2f s, %.0fx the %.4f s this "
+                "machine's probe measured for them: the cores are probably busy with another "
+                "process, and llama.cpp's %d threads spin-wait for each other; use fewer threads "
+                "(-t 1 / n_threads=1) or stop the other process", verify_seconds,
+                verify_seconds / probed if probed > 0 else float("inf"), probed, self.n_threads)

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import ContextLengthError, EngineBusyError, InputError
 from ..llama import Context, ContextOptions, ModelOptions
+from ..llama.context import DecodeCancelled
 from ..llama.devices import RpcServerLostError, check_servers
 from ..options import LoadOptions, Request, constraint_of, validate_pairing
 from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampling_params
@@ -44,7 +45,7 @@ from ..stats import GenerationResult
 from ..text import render_chat
 from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from ..registry.cache import cache_dir
-from .costs import forward_costs
+from .costs import SlowStepWatch, forward_costs
 from .policy import CostAwareDraftLength, FixedDraftLength, ForwardCosts
 from .session import Chunk, Session
 from .vocab import check_vocab_compatible
@@ -126,6 +127,19 @@ def _model_path(spec: str | Path, param: str) -> Path:
                          "models` lists them)", param=param)
 
 
+def _load(spec: str | Path, param: str, model_options: ModelOptions,
+          context_options: ContextOptions) -> Context:
+    """Context.load of a model spec; a ModelLoadError names the option that gave the model."""
+    from ..llama import ModelLoadError
+
+    try:
+        return Context.load(_model_path(spec, param), model_options, context_options)
+    except ModelLoadError as e:
+        if e.param is None:
+            e.param, e.options = param, (param, *e.options)
+        raise
+
+
 class Engine:
     """A verifier GGUF and an optional draft GGUF, loaded once, serving generations.
 
@@ -161,18 +175,17 @@ class Engine:
         self.draft: Context | None = None
         check_servers(rpc=lo.rpc, rpc_draft=lo.rpc_draft if draft is not None else None)
         try:
-            self.verifier = Context.load(_model_path(verifier, "model"),
-                                         ModelOptions(lo.n_gpu_layers, repack=repack,
-                                                      device=lo.device, rpc=lo.rpc,
-                                                      tensor_split=lo.tensor_split),
-                                         ctx_opts)
+            self.verifier = _load(verifier, "model",
+                                  ModelOptions(lo.n_gpu_layers, repack=repack, device=lo.device,
+                                               rpc=lo.rpc, tensor_split=lo.tensor_split),
+                                  ctx_opts)
             if draft is not None:
-                self.draft = Context.load(_model_path(draft, "model_draft"),
-                                          ModelOptions(lo.n_gpu_layers_draft, repack=repack,
-                                                       device=lo.device_draft, rpc=lo.rpc_draft,
-                                                       option_names=("device_draft", "rpc_draft",
-                                                                     "tensor_split")),
-                                          draft_context or ctx_opts)
+                self.draft = _load(draft, "model_draft",
+                                   ModelOptions(lo.n_gpu_layers_draft, repack=repack,
+                                                device=lo.device_draft, rpc=lo.rpc_draft,
+                                                option_names=("device_draft", "rpc_draft",
+                                                              "tensor_split")),
+                                   draft_context or ctx_opts)
                 check_vocab_compatible(self.verifier.model, self.draft.model)
         except BaseException:
             self.close()
@@ -183,6 +196,7 @@ class Engine:
         self._costs: ForwardCosts | None = None  # -k auto: probed on first use
         self._costs_k = 0
         self.probe: dict | None = None  # how forward_costs got them
+        self._slow_steps = SlowStepWatch(self.verifier.n_threads)  # steps far above those costs
         self._grammar_tokenizer = None  # llguidance's view of the vocabulary: on first use
 
     # -- lifetime ----------------------------------------------------------------------------------
@@ -239,29 +253,36 @@ class Engine:
 
     def generate(self, prompt: str | Sequence[int], request: Request | None = None, *,
                  on_text: Callable[[str], None] | None = None, wait: bool = True,
-                 **overrides) -> GenerationResult:
+                 cancel: Callable[[], bool] | None = None, **overrides) -> GenerationResult:
         """Generate after ``prompt`` (text, or token ids) with ``request`` and keyword overrides
         (any Request field: ``n_predict=64, seed=1, stop="return", k=4, method="sps"`` ...).
 
         ``on_text`` receives each piece of text as soon as it is final. ``wait`` False raises
         EngineBusyError instead of waiting while another generation holds the engine.
+        ``cancel``: asked between steps and between the ``n_batch`` chunks of the prompt; when it
+        returns true the generation ends there with ``stop_reason`` "cancelled".
         Raises InputError (bad arguments, empty prompt), ContextLengthError (the prompt does not
         fit n_ctx), EngineError (llama.cpp or the native helper failed).
         """
-        session = self._begin(prompt, self.request(request, **overrides))
+        session = self._begin(prompt, self.request(request, **overrides), cancel)
         with self._acquire(wait):
             while not session.finished:
+                if cancel is not None and session.started and cancel():
+                    session.stop("cancelled", "cancelled by the caller")
+                    session.finish()
+                    break
                 chunk = self._advance(session)
                 if chunk is not None and on_text is not None:
                     on_text(chunk.text)
         return session.result
 
     def stream(self, prompt: str | Sequence[int], request: Request | None = None, *,
-               wait: bool = True, **overrides) -> Stream:
+               wait: bool = True, cancel: Callable[[], bool] | None = None,
+               **overrides) -> Stream:
         """Like :meth:`generate`, as an iterator of text pieces (a :class:`Stream`; its ``result``
         is set once exhausted). Arguments are checked here; the engine is taken per step, so
         other callers may run between two pieces. ``wait`` applies to the first step."""
-        session = self._begin(prompt, self.request(request, **overrides))
+        session = self._begin(prompt, self.request(request, **overrides), cancel)
         return Stream(self._chunks(session, wait), session)
 
     def chat(self, messages: Sequence[dict], request: Request | None = None, **kwargs
@@ -295,7 +316,7 @@ class Engine:
             yield chunk
         return session.result
 
-    def _begin(self, prompt, req: Request) -> Session:
+    def _begin(self, prompt, req: Request, cancel: Callable[[], bool] | None = None) -> Session:
         """Check the prompt and the request against this engine; a Session ready to prefill."""
         ver = self._live()
         validate_pairing(self.load_options, req)
@@ -306,8 +327,11 @@ class Engine:
                              f"{type(prompt).__name__}", param="prompt")
         else:
             tokens = [int(t) for t in prompt]
-        if not tokens:
-            raise InputError("the prompt is empty: give some text to continue", param="prompt")
+        if not tokens:  # empty text is a prompt when the model adds BOS (then its one token)
+            raise InputError("the prompt is empty and this model adds no BOS token, so there is "
+                             "nothing to continue: give some text" if isinstance(prompt, str)
+                             else "the prompt is empty: give at least one token id",
+                             param="prompt")
         bad = next((t for t in tokens if not 0 <= t < ver.n_vocab), None)
         if bad is not None:
             raise InputError(f"prompt token id {bad} is outside the verifier's vocabulary "
@@ -338,7 +362,7 @@ class Engine:
         sampler = NativeSampler(ver.n_vocab, sampling_params(req),
                                 acceptance or AcceptanceParams(method="sps"), seed)
         return Session(tokens, req, seed, sampler, drafter, self._policy(req, drafter),
-                       n_ctx=ver.n_ctx, constraint=self._constraint(req))
+                       n_ctx=ver.n_ctx, constraint=self._constraint(req), should_stop=cancel)
 
     def _constraint(self, req: Request) -> Constraint | None:
         """The grammar state of a constrained request (grammar, json_schema, json_object)."""
@@ -370,6 +394,7 @@ class Engine:
             if self._costs is None or self._costs_k < k_max:
                 t0 = time.perf_counter()
                 self._costs, cached = forward_costs(self, k_max, cache_dir())
+                self._slow_steps.expect(self._costs)
                 self.probe = {"cached": cached, "seconds": time.perf_counter() - t0}
                 self._costs_k = k_max
                 self._owner = None  # the probe emptied both caches
@@ -399,18 +424,31 @@ class Engine:
         t0 = session.t_prefill = time.perf_counter()
         reuse = session.request.cache_prompt
         prompt = session.prompt
-        session.stats.n_prompt_tokens_reused = self.verifier.sync(prompt[:-1], reuse=reuse)
-        if session.drafter is not None:
-            lazy = isinstance(session.policy, CostAwareDraftLength)  # drafts only if it pays
-            reused = session.drafter.reset(prompt, reuse=reuse, lazy=lazy)
-            if reused is None:  # the verifier alone
-                session.stop_drafting("prompt does not fit the draft's context")
-            else:
-                session.stats.n_draft_prompt_tokens_reused = reused
+        stop = session.should_stop or (lambda: False)
+        try:  # a cancel is seen between n_batch chunks (a long prompt takes many)
+            with contextlib.ExitStack() as interruptible:
+                for c in (self.verifier, self.draft):
+                    if c is not None:
+                        interruptible.enter_context(c.interruptible(stop))
+                session.stats.n_prompt_tokens_reused = self.verifier.sync(prompt[:-1],
+                                                                          reuse=reuse)
+                if session.drafter is not None and not stop():
+                    lazy = isinstance(session.policy, CostAwareDraftLength)  # drafts if it pays
+                    reused = session.drafter.reset(prompt, reuse=reuse, lazy=lazy)
+                    if reused is None:  # the verifier alone
+                        session.stop_drafting("prompt does not fit the draft's context")
+                    else:
+                        session.stats.n_draft_prompt_tokens_reused = reused
+                cancelled = stop()
+        except DecodeCancelled:  # the caches hold a prefix of the prompt: still reusable
+            cancelled = True
         session.stats.prefill_seconds = time.perf_counter() - t0
-        self._owner = session
+        self._owner = None if cancelled else session
         session.started = True
         session.t_start = time.perf_counter()
+        if cancelled:
+            session.stop("cancelled", "cancelled during prompt processing")
+            session.finish()
 
     def _resync(self, session: Session) -> None:
         """Another generation used the caches since this session's last step: make them hold
@@ -495,6 +533,7 @@ class Engine:
         if grammar is not None:
             grammar.commit(n_acc, nxt)  # drop the rejected drafts, advance by the emitted token
         stats.accept_seconds += time.perf_counter() - ta
+        self._slow_steps.observe(n_drafted, ta - tv)
         stats.n_steps += 1
         stats.n_drafted += n_drafted
         session.policy.observe(n_drafted, n_acc, tv - td, ta - tv)

@@ -44,8 +44,10 @@ class Session:
     """
 
     def __init__(self, prompt: Sequence[int], request, seed: int, sampler, drafter: Drafter | None,
-                 policy: DraftPolicy, n_ctx: int = 0, constraint=None) -> None:
+                 policy: DraftPolicy, n_ctx: int = 0, constraint=None,
+                 should_stop: Callable[[], bool] | None = None) -> None:
         self.request = request
+        self.should_stop = should_stop  # the caller's cancel check (between prefill chunks)
         self.n_ctx = n_ctx
         self.seed = seed
         self.prompt = list(prompt)
@@ -66,7 +68,15 @@ class Session:
 
     @property
     def remaining(self) -> int:
+        """Tokens still allowed before n_predict (n_predict -1: only the context limits them)."""
+        if self.request.n_predict < 0:
+            return max(1, self.n_ctx - len(self.committed) + 1)
         return self.request.n_predict - len(self.out_tokens)
+
+    @property
+    def limit_reached(self) -> bool:
+        n_predict = self.request.n_predict
+        return 0 <= n_predict <= len(self.out_tokens)
 
     def emit(self, tokens: Sequence[int], sources: Sequence[str], is_eog: Callable[[int], bool],
              piece: Callable[[int], bytes]) -> list[str]:
@@ -90,7 +100,7 @@ class Session:
                 self.stop_reason, self.finished = "stop", True
                 self.message = f"stop string {self.text.matched_stop!r}"
                 break
-            if len(self.out_tokens) >= self.request.n_predict:
+            if self.limit_reached:
                 self.stop_reason, self.finished = "length", True
                 break
         return out
@@ -118,7 +128,7 @@ class Session:
         self.stats.n_tokens = len(self.out_tokens)
         if self.stop_reason == "length" and not self.message:
             n_predict = self.request.n_predict
-            self.message = f"n_predict={n_predict} reached" if len(self.out_tokens) >= n_predict else ""
+            self.message = f"n_predict={n_predict} reached" if self.limit_reached else ""
         self.result = GenerationResult(text=self.text.text, tokens=self.out_tokens,
                                        stop_reason=self.stop_reason, stats=self.stats,
                                        seed=self.seed, message=self.message, n_ctx=self.n_ctx)
