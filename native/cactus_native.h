@@ -27,14 +27,36 @@
  * Speculative Sampling", ICLR 2026, arXiv:2604.04987; SpS: Leviathan et al. 2023, Chen et al. 2023;
  * typical acceptance: Cai et al. 2024 (Medusa) as in vLLM.
  *
+ * The maths (glossary, SpS, the Cactus target and its solvers, the emitted law, the output budget,
+ * typical / topk / greedy): docs/maths.md. Sources, one file each: rng.c, select.c, warp.c, sample.c,
+ * gamma.c, rules.c (the acceptance rules, one table entry each), law.c, verify.c, abi.c;
+ * cg_internal.h holds what they share.
+ *
  * Contract: no allocation, no printing, no exit, no global state. Every function returns a
- * cg_status; the Python facade maps each code to a specific exception. Randomness comes only from
- * the cg_rng passed in, so the same seed gives the same trace.
+ * cg_status (or a documented value); the Python facade maps each code to a specific exception.
+ * Randomness comes only from the cg_rng passed in, so the same seed gives the same trace.
+ * Enum values are defined here and only here: callers ask the library for a name's value
+ * (cg_method_name, cg_solver_name, cg_budget_name) and check the struct sizes (cg_abi_sizes).
  */
 #ifndef CACTUS_NATIVE_H
 #define CACTUS_NATIVE_H
 
 #include <stdint.h>
+
+/* CG_API marks the public functions: exported from the DLL on Windows (imported by a C caller that
+ * links against it), default visibility elsewhere (the library is built with hidden visibility, so
+ * nothing else leaks out). */
+#if defined(_WIN32) || defined(__CYGWIN__)
+#  ifdef CG_BUILDING_LIBRARY
+#    define CG_API __declspec(dllexport)
+#  else
+#    define CG_API __declspec(dllimport)
+#  endif
+#elif defined(__GNUC__) || defined(__clang__)
+#  define CG_API __attribute__((visibility("default")))
+#else
+#  define CG_API
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -54,14 +76,16 @@ typedef enum {
     CG_METHOD_TYPICAL = 2, /* accept if q[n] > min(eps, alpha * exp(-H(q))); else emit argmax q */
     CG_METHOD_TOPK = 3,    /* accept if n in top-accept_top_k of q; residual norm(max(0, 1[topk] - p)) */
     CG_METHOD_GREEDY = 4,  /* sample x ~ q at each position; accept while x == n; else emit x */
+    CG_METHOD_COUNT        /* not a rule: the number of rules (a new rule goes right above) */
 } cg_method;
 
 typedef enum {
     CG_SOLVER_TAYLOR = 0,  /* gamma = min(1, q[n] + sqrt(2 delta q[n] (1 - q[n])))  (paper, closed form) */
     CG_SOLVER_EXACT = 1,   /* gamma = root in [q[n], 1] of the binary KL = delta, or 1 if none */
+    CG_SOLVER_COUNT
 } cg_solver;
 
-/* What a Cactus budget delta bounds (section 9 of cactus_native.c):
+/* What a Cactus budget delta bounds (docs/maths.md, "What delta bounds" and "The output budget"):
  *   TARGET: KL(h_n || q) <= delta for the target of every drafted token n (the paper's). The token
  *           a position emits follows the mixture P (cg_emitted_law), and KL(P || q) can exceed delta.
  *   OUTPUT: KL(P || q) <= delta for the token each drafted position emits: the position runs the
@@ -70,6 +94,7 @@ typedef enum {
 typedef enum {
     CG_BUDGET_TARGET = 0,
     CG_BUDGET_OUTPUT = 1,
+    CG_BUDGET_COUNT
 } cg_budget;
 
 /* Sampling warps, applied in llama.cpp's default order: top-k, top-p, min-p, then temperature.
@@ -122,10 +147,10 @@ typedef struct {
 } cg_law;
 
 /* Seed the generator. Same seed, same sequence. (NULL rng: no-op.) */
-void cg_rng_seed(cg_rng *rng, uint64_t seed);
+CG_API void cg_rng_seed(cg_rng *rng, uint64_t seed);
 
 /* Uniform double in [0, 1) from 53 random bits: (next >> 11) * 2^-53. (NULL rng: NaN.) */
-double cg_rng_uniform(cg_rng *rng);
+CG_API double cg_rng_uniform(cg_rng *rng);
 
 /* Scratch floats the caller must provide to the functions below (per call, reused):
  * 15 V + ceil(V / 64) + 6162 floats (9.1 MB at V = 151,936); 0 when n_vocab < 1. Besides the warp's
@@ -135,7 +160,7 @@ double cg_rng_uniform(cg_rng *rng);
  * The workspace is untyped scratch carved into int32 / uint64 / double regions: allocate it with
  * malloc or numpy (4-byte alignment suffices), never pass a declared float array, and never share
  * one workspace between concurrent calls. */
-int64_t cg_workspace_size(int32_t n_vocab);
+CG_API int64_t cg_workspace_size(int32_t n_vocab);
 
 /* Warp one logits row into probabilities.
  *   logits:  float32 [n_logits]  raw logits (read only). 1 <= n_logits <= n_vocab; entries
@@ -157,31 +182,32 @@ int64_t cg_workspace_size(int32_t n_vocab);
  * Errors, checked in this order: CG_ERR_BAD_ARGUMENT; CG_ERR_NONFINITE_LOGITS (a NaN or +inf
  * anywhere in the row, allowed or not, or every logit -inf); CG_ERR_EMPTY_MASK (logits are finite
  * somewhere, but at no allowed token). probs is unspecified after an error. */
-cg_status cg_warp(const float *logits, int32_t n_logits, int32_t n_vocab, const uint32_t *allowed,
-                  const cg_sampler_params *sp, float *probs, float *work);
+CG_API cg_status cg_warp(const float *logits, int32_t n_logits, int32_t n_vocab,
+                         const uint32_t *allowed, const cg_sampler_params *sp, float *probs,
+                         float *work);
 
 /* Draw a token from a probability row (need not be normalised; must have a positive sum).
  *   probs: float32 [n_vocab];  work: float32 [cg_workspace_size(n_vocab)];  token: out.
  * Exactly one uniform u per call; the token is the first i whose running sum exceeds u * sum
  * (never a zero-probability token). Errors: CG_ERR_BAD_DISTRIBUTION (a negative / NaN / inf
  * entry, or a zero sum; no uniform is drawn), CG_ERR_BAD_ARGUMENT. */
-cg_status cg_sample_probs(const float *probs, int32_t n_vocab, cg_rng *rng, float *work,
-                          int32_t *token);
+CG_API cg_status cg_sample_probs(const float *probs, int32_t n_vocab, cg_rng *rng, float *work,
+                                 int32_t *token);
 
 /* Warp then sample: the draft's per-token call and the verifier-alone baseline's.
  *   allowed: as for cg_warp (NULL = none); the token is then always an allowed one.
  *   probs:   float32 [n_vocab] out (the warped distribution the token was drawn from).
  * Exactly one uniform per call (also when temperature <= 0); none when the warp fails (errors as
  * for cg_warp). */
-cg_status cg_warp_sample(const float *logits, int32_t n_logits, int32_t n_vocab,
-                         const uint32_t *allowed, const cg_sampler_params *sp, cg_rng *rng,
-                         float *probs, float *work, int32_t *token);
+CG_API cg_status cg_warp_sample(const float *logits, int32_t n_logits, int32_t n_vocab,
+                                const uint32_t *allowed, const cg_sampler_params *sp, cg_rng *rng,
+                                float *probs, float *work, int32_t *token);
 
 /* Cactus target mass on the drafted token: gamma(q_n, delta) for the given solver.
  * q_n in [0, 1]; delta >= 0. q_n = 0 -> 0; q_n = 1 -> 1; delta = 0 -> q_n exactly (both solvers).
  * The exact solver is a safeguarded Newton iteration, converged to ~1 ulp (<= 200 steps).
  * Returns NaN for q_n NaN, delta < 0 or NaN, or an unknown solver. */
-double cg_cactus_gamma(double q_n, double delta, int32_t solver);
+CG_API double cg_cactus_gamma(double q_n, double delta, int32_t solver);
 
 /* One verification step.
  *   draft_probs:     float32 [k, n_vocab], row stride n_vocab; the warped draft distributions p.
@@ -221,14 +247,15 @@ double cg_cactus_gamma(double q_n, double delta, int32_t solver);
  * past the first rejection is not reported); a reached row fails as in cg_warp
  * (CG_ERR_NONFINITE_LOGITS, or CG_ERR_EMPTY_MASK when its mask allows no finite logit).
  * On an error, out is all zeros and the rng may have advanced. */
-cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
-                    const float *verifier_logits, const uint32_t *allowed, int32_t k, int32_t n_vocab,
-                    const cg_sampler_params *sp, const cg_accept_params *ap, cg_rng *rng,
-                    float *work, cg_step_result *out);
+CG_API cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
+                           const float *verifier_logits, const uint32_t *allowed, int32_t k,
+                           int32_t n_vocab, const cg_sampler_params *sp,
+                           const cg_accept_params *ap, cg_rng *rng, float *work,
+                           cg_step_result *out);
 
 /* The law P of the token a drafted position emits (accepted draft or residual), exactly:
  *     P(x) = sum_n p[n] (1[x = n] a_n + (1 - a_n) r_n[x]),  a_n = the acceptance of draft n,
- *     r_n = the residual after rejecting n                         (cactus-notes.md)
+ *     r_n = the residual after rejecting n              (docs/maths.md, "The emitted law")
  * for the rule in ap (for Cactus with ap->budget = OUTPUT, at the delta' that rule picks).
  *   p:       float32 [n_vocab] the warped draft distribution (normalised, as cg_warp's rows are:
  *            the mass outside q's support is taken as 1 - the mass inside), or NULL for a
@@ -238,13 +265,30 @@ cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
  *   law:     float64 [n_vocab] out, P (NULL: not wanted); sums to 1 up to rounding
  *   work:    float32 [cg_workspace_size(n_vocab)]
  *   out:     KL(P || q), the acceptance probability, the delta used
- * Cost: cactus O(|supp q| log |R|) with R the drafts that can be rejected (section 9), typical and
+ * Cost: cactus O(|supp q| log |R|) with R the drafts that can be rejected (law.c), typical and
  * topk O(V), sps and greedy O(|supp q|); the output budget repeats the cactus law ~20 times.
  * cg_verify computes the same law (without `law`) at every position it evaluates.
  * Errors: CG_ERR_BAD_ARGUMENT (NULL q / work / out, n_vocab < 1, bad params, token outside
  * [0, n_vocab) with p NULL), CG_ERR_BAD_DISTRIBUTION (p or q not a probability row). */
-cg_status cg_emitted_law(const float *p, int32_t token, const float *q, int32_t n_vocab,
-                         const cg_accept_params *ap, float *work, double *law, cg_law *out);
+CG_API cg_status cg_emitted_law(const float *p, int32_t token, const float *q, int32_t n_vocab,
+                                const cg_accept_params *ap, float *work, double *law, cg_law *out);
+
+/* What the library is, for a caller that binds it at run time (ctypes): enum names, struct sizes.
+ *
+ * The option name of each enum value ("sps", "cactus", "typical", "topk", "greedy"; "taylor",
+ * "exact"; "target", "output"), or NULL for a value outside [0, CG_*_COUNT). A binding maps names
+ * to values by asking for 0, 1, ... until NULL, so it never depends on the order of a list of its
+ * own. Static strings: never freed, never written. */
+CG_API const char *cg_method_name(int32_t method);
+CG_API const char *cg_solver_name(int32_t solver);
+CG_API const char *cg_budget_name(int32_t budget);
+
+/* The size in bytes of each public struct, in this order: cg_sampler_params, cg_accept_params,
+ * cg_rng, cg_step_result, cg_law. Writes the first min(n, CG_ABI_N_SIZES) of them to sizes
+ * (int64 [n]; NULL or n <= 0: none) and returns CG_ABI_N_SIZES, so a binding can check its
+ * mirrors of the structs before it passes one. */
+#define CG_ABI_N_SIZES 5
+CG_API int32_t cg_abi_sizes(int64_t *sizes, int32_t n);
 
 #ifdef __cplusplus
 }

@@ -1,22 +1,45 @@
 """The native helper's shared library and its C ABI as ctypes (mirrors of native/cactus_native.h):
-the parameter and result structs and every bound entry point. ``native.py`` is the facade over it.
+the parameter and result structs, every bound entry point, and the enum values by name.
+
+At import the library is checked against this module: the size of every public struct
+(``cg_abi_sizes``) must equal its mirror's, and every acceptance method, solver and budget the
+options offer must have a value in the library (``cg_method_name`` and friends). Either mismatch
+means a stale build and raises ImportError saying how to rebuild.
 """
 from __future__ import annotations
 
 import ctypes
 import importlib.machinery
+import sys
 from pathlib import Path
+
+from ..options import BUDGETS, METHODS, SOLVERS
+
+_REBUILD = ("fix: reinstall with `pip install .` (in a checkout: `python setup.py build_ext --inplace`)")
+
+
+def _library_names(platform: str = sys.platform) -> list[str]:
+    """File names the helper may have, best first: the plain shared library setup.py builds
+    (.dll / .dylib / .so), then extension-module names an older setup.py produced."""
+    if platform.startswith(("win32", "cygwin", "msys")):
+        plain = ".dll"
+    elif platform == "darwin":
+        plain = ".dylib"
+    else:
+        plain = ".so"
+    names = [f"_cactus_native{plain}"]
+    names += [f"_cactus_native{s}" for s in importlib.machinery.EXTENSION_SUFFIXES
+              if f"_cactus_native{s}" not in names]
+    return names
 
 
 def _load_library() -> ctypes.CDLL:
     here = Path(__file__).resolve().parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / f"_cactus_native{suffix}"
+    for name in _library_names():
+        path = here / name
         if path.exists():
             return ctypes.CDLL(str(path))
-    raise ImportError(
-        f"native helper _cactus_native*.so not found in {here}; fix: reinstall with `pip install .`"
-    )
+    raise ImportError(f"native helper {_library_names()[0]} not found in {here}; {_REBUILD}")
 
 
 class _SamplerParamsC(ctypes.Structure):
@@ -66,17 +89,58 @@ class _LawC(ctypes.Structure):
     ]
 
 
+# the order of cg_abi_sizes (cactus_native.h)
+_ABI_STRUCTS = (("cg_sampler_params", _SamplerParamsC), ("cg_accept_params", _AcceptParamsC),
+                ("cg_rng", _RngC), ("cg_step_result", _StepResultC), ("cg_law", _LawC))
+
 _lib = _load_library()
 _P = ctypes.c_void_p  # every pointer crosses as a plain integer address
 _i32 = ctypes.c_int32
 
 
 def _bind(name: str, restype, argtypes):
-    fn = getattr(_lib, name)
+    try:
+        fn = getattr(_lib, name)
+    except AttributeError:
+        raise ImportError(f"native helper {_lib._name} has no {name} (an older build); "
+                          f"{_REBUILD}") from None
     fn.restype = restype
     fn.argtypes = argtypes
     return fn
 
+
+def _check_abi() -> None:
+    """Every struct mirror has the size the library was compiled with."""
+    abi_sizes = _bind("cg_abi_sizes", _i32, [_P, _i32])
+    sizes = (ctypes.c_int64 * len(_ABI_STRUCTS))()
+    n = abi_sizes(ctypes.addressof(sizes), len(_ABI_STRUCTS))
+    if n != len(_ABI_STRUCTS):
+        raise ImportError(f"native helper {_lib._name} describes {n} structs, this package "
+                          f"{len(_ABI_STRUCTS)}; {_REBUILD}")
+    for (name, mirror), size in zip(_ABI_STRUCTS, sizes):
+        if size != ctypes.sizeof(mirror):
+            raise ImportError(f"native helper {_lib._name}: {name} is {size} bytes in C and "
+                              f"{ctypes.sizeof(mirror)} in Python; {_REBUILD}")
+
+
+def _enum_values(c_name: str, wanted: tuple[str, ...]) -> dict[str, int]:
+    """name -> value of one C enum, from the library's own name table (cg_*_name(0), (1), ...
+    until NULL); every name in ``wanted`` (the options' choices) must be there."""
+    name_of = _bind(c_name, ctypes.c_char_p, [_i32])
+    values = {}
+    while (name := name_of(len(values))) is not None:
+        values[name.decode("ascii")] = len(values)
+    missing = [w for w in wanted if w not in values]
+    if missing:
+        raise ImportError(f"native helper {_lib._name} has no {c_name.split('_')[1]} "
+                          f"{', '.join(map(repr, missing))} (it has {', '.join(values)}); {_REBUILD}")
+    return values
+
+
+_check_abi()
+METHOD_VALUES = _enum_values("cg_method_name", METHODS)  # "sps" -> CG_METHOD_SPS, ...
+SOLVER_VALUES = _enum_values("cg_solver_name", SOLVERS)
+BUDGET_VALUES = _enum_values("cg_budget_name", BUDGETS)
 
 _rng_seed = _bind("cg_rng_seed", None, [_P, ctypes.c_uint64])
 _rng_uniform = _bind("cg_rng_uniform", ctypes.c_double, [_P])

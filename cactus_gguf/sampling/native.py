@@ -1,4 +1,5 @@
-"""Native sampling helper: a thin ctypes facade over native/cactus_native.c.
+"""Native sampling helper: a thin ctypes facade over the C library of native/ (its contract:
+native/cactus_native.h; the maths: docs/maths.md).
 
 Dimension letters: ``V`` = vocabulary size, ``k`` = draft length (tokens proposed per step).
 
@@ -27,16 +28,16 @@ from __future__ import annotations
 import ctypes
 import math
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 
 import numpy as np
 
 from .errors import (CG_OK, BadDistributionError, EmptyMaskError, NativeArgumentError,
                      NativeError, NonFiniteLogitsError, raise_status)
-from ._clib import (_AcceptParamsC, _LawC, _RngC, _SamplerParamsC, _StepResultC, _cactus_gamma,
-                    _emitted_law, _rng_seed, _rng_uniform, _verify, _warp, _warp_sample,
-                    _workspace_size)
-from .params import (BUDGETS, METHODS, SOLVERS, AcceptanceParams,  # METHODS: index = cg_method
-                     SamplingParams)
+from ._clib import (BUDGET_VALUES, METHOD_VALUES, SOLVER_VALUES, _AcceptParamsC, _LawC, _RngC,
+                    _SamplerParamsC, _StepResultC, _cactus_gamma, _emitted_law, _rng_seed,
+                    _rng_uniform, _verify, _warp, _warp_sample, _workspace_size)
+from .params import SOLVERS, AcceptanceParams, SamplingParams
 
 __all__ = [
     "AcceptanceParams",
@@ -68,6 +69,28 @@ def _addr(a: np.ndarray) -> int:
 # ---------------------------------------------------------------------------------------------
 # Configuration and results
 # ---------------------------------------------------------------------------------------------
+
+
+# Fields whose C type is an enum: the record holds the option's name, C the library's value for it.
+_ENUM_FIELDS = {"method": METHOD_VALUES, "solver": SOLVER_VALUES, "budget": BUDGET_VALUES}
+
+
+def c_params(ctype: type[ctypes.Structure], record) -> ctypes.Structure:
+    """The C struct ``ctype`` filled by field name from the same-named fields of ``record`` (a
+    SamplingParams or AcceptanceParams): enum fields through the library's name -> value maps,
+    booleans as 0 / 1. Every C field must have its record field and the other way round, so a
+    field added on one side only fails here, not silently in C."""
+    c_fields = [name for name, _ in ctype._fields_]
+    r_fields = [f.name for f in dataclass_fields(record)]
+    if sorted(c_fields) != sorted(r_fields):
+        raise TypeError(f"{type(record).__name__} fields {r_fields} do not match "
+                        f"{ctype.__name__} fields {c_fields}")
+    values = {}
+    for name in c_fields:
+        value = getattr(record, name)
+        values[name] = _ENUM_FIELDS[name][value] if name in _ENUM_FIELDS else (
+            int(value) if isinstance(value, bool) else value)
+    return ctype(**values)
 
 
 def _is_int(x) -> bool:
@@ -107,7 +130,8 @@ class StepResult:
 class Law:
     """The law of the token one drafted position emits (accepted draft or residual).
 
-    - ``probs``: float64 [V], P(x) = sum_n p[n] (1[x = n] a_n + (1 - a_n) r_n[x]) (cactus-notes.md).
+    - ``probs``: float64 [V], P(x) = sum_n p[n] (1[x = n] a_n + (1 - a_n) r_n[x])
+      (docs/maths.md, "The emitted law").
     - ``kl``: KL(P || q) in nats (0 for sps and greedy, where P = q).
     - ``acceptance``: the chance the drafted token is accepted, sum_n p[n] a_n.
     - ``delta``: Cactus, the per-draft budget the position used; else 0.
@@ -276,20 +300,9 @@ class NativeSampler:
         self._acceptance = acceptance
         self._rng = Rng(seed)
         self._rng_p = ctypes.addressof(self._rng._c)
-        self._sp = _SamplerParamsC(
-            sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
-        )
+        self._sp = c_params(_SamplerParamsC, sampling)  # built once: every call passes its address
         self._sp_p = ctypes.addressof(self._sp)
-        self._ap = _AcceptParamsC(
-            METHODS.index(acceptance.method),
-            SOLVERS.index(acceptance.solver),
-            acceptance.delta,
-            acceptance.typical_epsilon,
-            acceptance.typical_alpha,
-            acceptance.accept_top_k,
-            BUDGETS.index(acceptance.budget),
-            int(acceptance.output_kl),
-        )
+        self._ap = c_params(_AcceptParamsC, acceptance)
         self._ap_p = ctypes.addressof(self._ap)
         self._work = np.empty(_workspace_size(self._n_vocab), dtype=np.float32)
         self._work_p = _addr(self._work)
@@ -481,7 +494,7 @@ class NativeSampler:
             verifier_probs: float32 [V] the warped verifier distribution q (``warp`` output).
         Returns:
             Law (P float64 [V], KL(P || q), acceptance, delta used). Exact, O(V log V) at most
-            (native/cactus_native.c section 9); the output budget repeats it ~20 times.
+            (native/law.c); the output budget repeats it ~20 times.
         Raises:
             ValueError: bad dtype / shape, or ``token`` missing or outside [0, V) with p None.
             BadDistributionError: p or q negative / NaN / inf somewhere or summing to 0.
@@ -540,7 +553,7 @@ def cactus_gamma(q_n: float, delta: float, solver: str = "taylor") -> float:
         raise ValueError(f"delta must be >= 0 nats, got {delta!r}")
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {', '.join(SOLVERS)}; got {solver!r}")
-    return _cactus_gamma(float(q_n), float(delta), SOLVERS.index(solver))
+    return _cactus_gamma(float(q_n), float(delta), SOLVER_VALUES[solver])
 
 
 def binary_kl(gamma: float, q: float) -> float:
