@@ -32,10 +32,11 @@ __all__ = ["Option", "OPTIONS", "LoadOptions", "Request", "options_in", "default
            "validate_pairing", "markdown_table", "constraint_of", "normalize_json_schema",
            "CONSTRAINTS", "parse_endpoints", "parse_tensor_split", "METHODS", "SOLVERS", "BUDGETS", "DRAFTERS", "MODEL_DRAFTERS"]
 
-# The acceptance rules (index = the C helper's cg_method; "none" = no speculation, the verifier alone).
+# The acceptance rules ("none" = no speculation, the verifier alone), Cactus solvers and budgets.
+# Names only: their C values come from the library (sampling/_clib.py asks it for each name).
 METHODS = ("sps", "cactus", "typical", "topk", "greedy")
-SOLVERS = ("taylor", "exact")  # index = cg_solver
-BUDGETS = ("target", "output")  # index = cg_budget
+SOLVERS = ("taylor", "exact")
+BUDGETS = ("target", "output")
 DRAFTERS = ("model", "ngram", "hybrid")
 MODEL_DRAFTERS = ("model", "hybrid")  # the drafters that run the DRAFT model
 
