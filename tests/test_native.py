@@ -1,4 +1,4 @@
-"""Tests of the native sampling helper (native/cactus_native.c via cactus_gguf.native).
+"""Tests of the native sampling helper (native/*.c via cactus_gguf.sampling.native).
 
 Dimension letters: V = vocabulary size, k = draft length. p = draft distribution, q = verifier
 distribution, n = drafted token, h = acceptance target (native/cactus_native.h).

@@ -1,5 +1,5 @@
 """The divergence of what is emitted: the exact law P of the token a draft position emits, its
-KL(P || q), and the output budget that bounds it (native/cactus_native.c section 9).
+KL(P || q), and the output budget that bounds it (native/law.c; docs/maths.md, "The output budget").
 
 p = draft distribution, q = verifier distribution (both warped), V = vocabulary size. The NumPy
 reference (cactus_gguf.sampling.reference) sums the mixture over every drafted n directly, so it

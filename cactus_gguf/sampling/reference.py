@@ -3,13 +3,13 @@
 Dimension letters: V = vocabulary size, k = draft length. Names follow native/cactus_native.h:
 p = draft distribution, q = verifier distribution (both warped), n = drafted token, h = target.
 
-Conventions mirrored from native/cactus_native.c so that, fed the same uniforms, the reference makes
+Conventions mirrored from the C in native/ so that, fed the same uniforms, the reference makes
 the same decisions:
 - warped rows are rounded to float32 (the C stores probabilities as float32), all else is float64;
 - sums are sequential in token-id order (np.cumsum, not the pairwise np.sum);
 - inverse-CDF draw: the first i whose running sum exceeds u * total, else the last positive index;
 - acceptance test u < min(1, h[n] / p[n]) is evaluated as u * p[n] < h[n];
-- uniforms are consumed in the order documented in cactus_native.c section 8;
+- uniforms are consumed in the order documented in native/cactus_native.h (cg_verify);
 - an allowed-token mask sets the disallowed logits to -inf before any warp (after the NaN / +inf
   check of the row as given), and a row left with no finite logit is an EmptyMask error.
 
@@ -351,7 +351,7 @@ def kl(P: np.ndarray, q: np.ndarray) -> float:
 
 def output_budget_delta(p: np.ndarray | None, q: np.ndarray, delta: float, solver: str,
                         drafted: int | None = None, steps: int = 20) -> float:
-    """The per-draft budget delta' of the output budget, by the rule cactus_native.c documents:
+    """The per-draft budget delta' of the output budget, by the rule native/law.c documents:
     delta itself if its law already keeps KL(P || q) <= delta, else ``steps`` bisections on
     [0, delta] keeping only feasible points. Built on emitted_first_token_distribution (the direct
     O(V^2) mixture), not on the C's sorted sums."""
