@@ -1,4 +1,9 @@
-"""``cactus-gguf serve``: the OpenAI-compatible server over one engine."""
+"""``cactus-gguf serve``: the OpenAI-compatible server over one engine.
+
+SIGTERM and Ctrl-C stop it gracefully: no new connections, waiting requests refused (503), the
+running one given ``SHUTDOWN_GRACE`` seconds to finish (a stream it then ends gets an error event,
+never a silent end), the models freed; exit code 0. A second Ctrl-C quits at once.
+"""
 from __future__ import annotations
 
 import ipaddress
@@ -54,11 +59,21 @@ def serve(ctx: click.Context, verifier, draft, **_options) -> None:
     worker = Worker(lambda: api.open_engine(plan.run, probe=True), max_queue=p["max_queue"])
     config = ServerConfig(defaults=plan.run.request, model_id=plan.model_id,
                           verifier=plan.run.verifier_spec, draft=plan.run.draft_spec,
-                          api_key=p["api_key"], request_timeout=p["request_timeout"],
+                          api_key=p["api_key"], strict_model=p["strict_model"],
+                          request_timeout=p["request_timeout"],
                           cors_origins=tuple(p["cors_origin"]))
     app = create_app(worker, config)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                           timeout_graceful_shutdown=5))
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # SIGINT / SIGTERM, in the main thread
+            if not self.should_exit:
+                app.state.shutdown()  # the engine's side: refuse waiting jobs, end the running one
+            super().handle_exit(sig, frame)
+
+    # uvicorn waits this long for open connections (the running request's grace, then its last
+    # event; the streams' own wait is shutdown_grace + 5 s, app.py) before it cancels them
+    server = Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                   timeout_graceful_shutdown=config.shutdown_grace + 15))
     host, port = sock.getsockname()[:2]
     worker.start()
 

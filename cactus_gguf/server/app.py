@@ -6,13 +6,20 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming and n
 
 Every error is OpenAI's JSON, ``{"error": {"message", "type", "param", "code"}}``: 400 for invalid
 JSON or values (naming the field) and for a prompt longer than the context, 401 for a missing or
-wrong API key, 404 for an unknown model or route, 413 for a body over the limit, 503 while loading
-or when the queue is full (with Retry-After), 500 with the one-line reason when the engine fails.
-No traceback reaches a client.
+wrong API key, 404 for an unknown route (and, with ``strict_model``, another model's name), 413 for
+a body over the limit, 503 while loading, when the queue is full (with Retry-After) or while
+shutting down, 500 with the one-line reason when the engine fails. No traceback reaches a client.
+
+A client that goes away (a closed connection, streaming or not) cancels its request: between two
+steps, or between two ``n_batch`` chunks of its prompt; it is counted with status 499 in the
+metrics. ``shutdown()`` (SIGTERM / Ctrl-C on ``serve``) refuses new and waiting requests and gives
+the running one ``shutdown_grace`` seconds; a stream it then ends gets an error event
+(code ``server_shutdown``) instead of a ``finish_reason``, so no client takes it as complete.
 """
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -31,25 +38,29 @@ from ..errors import CactusError
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .schemas import (ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt,
                       to_request)
-from .worker import Job, QueueFullError, Worker
+from .worker import Job, QueueFullError, ShuttingDownError, Worker
 
 __all__ = ["ServerConfig", "create_app"]
 
 MAX_BODY = 8 << 20  # bytes: a chat far longer than any context still fits
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length",
-          "interrupted": "length"}
+          "interrupted": "length", "cancelled": "length"}
+SHUTDOWN_GRACE = 5.0  # seconds the running request may take to finish after SIGTERM / Ctrl-C
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     """What the server was started with: the default Request of every generation, the model id
-    clients name, and the serve options (options.py)."""
+    clients see (``--alias``, else the pair's or the verifier's name), and the serve options
+    (options.py). ``strict_model``: a request naming another model gets 404 (default: served)."""
 
     defaults: Any
     model_id: str
     verifier: str
     draft: str | None
     api_key: str | None = None
+    strict_model: bool = False
+    shutdown_grace: float = SHUTDOWN_GRACE
     request_timeout: float = 600.0
     cors_origins: tuple[str, ...] = ()
     max_body: int = MAX_BODY
@@ -87,6 +98,7 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
                                                    if result is not None else None)
     app = FastAPI(title="cactus-gguf", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.metrics, app.state.worker, app.state.config = metrics, worker, config
+    app.state.shutdown = lambda: worker.shutdown(config.shutdown_grace)
     _install_middleware(app, config, metrics)
     _install_error_handlers(app)
     static = resources.files("cactus_gguf.server") / "static"
@@ -98,6 +110,8 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
 
     @app.get("/health")
     async def health():
+        if worker.stopping:
+            return JSONResponse({"status": "stopping"}, status_code=503)
         if worker.state == "ready":
             return {"status": "ok"}
         if worker.state == "loading":
@@ -120,11 +134,12 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: HttpRequest):
-        return await _generate(request, body, chat_messages(body), True, config, worker)
+        return await _generate(request, body, chat_messages(body), True, config, worker, metrics)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: HttpRequest):
-        return await _generate(request, body, completion_prompt(body), False, config, worker)
+        return await _generate(request, body, completion_prompt(body), False, config, worker,
+                               metrics)
 
     return app
 
@@ -135,26 +150,59 @@ def _install_middleware(app: FastAPI, config: ServerConfig, metrics: Metrics) ->
 
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
                            allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(_Guard, config=config, metrics=metrics)  # outermost
 
-    @app.middleware("http")
-    async def guard(request: HttpRequest, call_next):
+
+class _Guard:
+    """The API key, the body size limit and the request counter, as a plain ASGI middleware
+    (Starlette's BaseHTTPMiddleware would hide a client's disconnect from the routes:
+    ``request.is_disconnected()`` never turns true behind it)."""
+
+    def __init__(self, app, config: ServerConfig, metrics: Metrics) -> None:
+        self.app, self.config, self.metrics = app, config, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        config, metrics = self.config, self.metrics
+        request = HttpRequest(scope)
         path = request.url.path
         protected = path.startswith("/v1/") or path == "/metrics"
         if protected and config.api_key and request.method != "OPTIONS":
-            auth = request.headers.get("authorization", "")
-            if auth != f"Bearer {config.api_key}":
+            if not _key_matches(request, config.api_key):
                 metrics.requests.labels(path, "401").inc()
-                return error(401, "invalid or missing API key: send Authorization: Bearer KEY",
-                             code="invalid_api_key")
+                return await error(401, "invalid or missing API key: send Authorization: Bearer "
+                                        "KEY (or x-api-key: KEY)",
+                                   code="invalid_api_key")(scope, receive, send)
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > config.max_body:
             metrics.requests.labels(path, "413").inc()
-            return error(413, f"the request body is {int(size)} bytes, more than the limit of "
-                              f"{config.max_body}", code="request_too_large")
-        response = await call_next(request)
-        metrics.requests.labels(path if protected or path == "/health" else "other",
-                                str(response.status_code)).inc()
-        return response
+            return await error(413, f"the request body is {int(size)} bytes, more than the limit "
+                                    f"of {config.max_body}",
+                               code="request_too_large")(scope, receive, send)
+        status = []
+
+        async def send_status(message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            if status and not scope.get("state", {}).get("counted_by_stream"):
+                # (a stream counts itself when it ends: 200, or 499 if the client left first)
+                metrics.requests.labels(path if protected or path == "/health" else "other",
+                                        str(status[0])).inc()
+
+
+def _key_matches(request: HttpRequest, key: str) -> bool:
+    """``Authorization: Bearer KEY`` (the scheme in any case, RFC 9110) or ``x-api-key: KEY``."""
+    scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+    given = [token.strip()] if scheme.lower() == "bearer" else []
+    given.append(request.headers.get("x-api-key", "").strip())
+    want = key.encode()
+    return any(g and hmac.compare_digest(g.encode(), want) for g in given)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -164,7 +212,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         name = _field(first.get("loc", ()))
         if first.get("type") == "json_invalid":
             return error(400, f"the body is not valid JSON: {first.get('msg')}", param=None)
-        return error(400, f"{name}: {first.get('msg')}", param=name)
+        message = f"{name}: {first.get('msg')}"
+        if str(first.get("type", "")).endswith("_type") and "input" in first:  # strict types
+            message += f", got {json.dumps(first['input'], default=str)[:60]}"
+        return error(400, message, param=name)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc: StarletteHTTPException):
@@ -189,26 +240,52 @@ class _ClientGone(Exception):
     pass
 
 
-async def _next_event(job: Job, request: HttpRequest):
-    """The job's next event; cancels the job (and raises _ClientGone) if the client left."""
-    while True:
-        try:
-            return await asyncio.wait_for(job.events.get(), 0.25)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                job.cancel()
-                raise _ClientGone() from None
+POLL = 0.25  # seconds between two looks at the connection while a request runs
+
+
+class _Watch:
+    """Whether the client of a running request is still there: ``request.is_disconnected()``
+    every POLL seconds, however fast the job's events come (a job that streams chunks without a
+    pause must still notice a closed connection)."""
+
+    def __init__(self, job: Job, request: HttpRequest) -> None:
+        self.job, self.request = job, request
+        self.checked = time.perf_counter()
+
+    async def next_event(self):
+        """The job's next event; cancels the job (and raises _ClientGone) if the client left."""
+        while True:
+            try:
+                event = await asyncio.wait_for(self.job.events.get(), POLL)
+            except asyncio.TimeoutError:
+                event = None
+            now = time.perf_counter()
+            if event is None or now - self.checked >= POLL:
+                self.checked = now
+                if await self.request.is_disconnected():
+                    self.job.cancel()
+                    raise _ClientGone()
+            if event is not None:
+                return event
+
+
+def _engine_error(payload) -> JSONResponse:
+    return error_of(payload) if isinstance(payload, CactusError) else error(
+        500, str(payload), type_="server_error")
 
 
 async def _generate(request: HttpRequest, body, prompt, chat: bool, config: ServerConfig,
-                    worker: Worker):
+                    worker: Worker, metrics: Metrics):
     if worker.state == "lost":
         return error(503, worker.error, type_="server_error", code="rpc_server_lost")
+    if worker.stopping:
+        return error_of(ShuttingDownError())
     if worker.state != "ready":
         return error(503, "the models are still loading" if worker.state == "loading"
                      else f"the models failed to load: {worker.error}", type_="server_error",
                      code="not_ready", headers={"Retry-After": "1"})
-    if body.model is not None and body.model not in (config.model_id, config.verifier):
+    if config.strict_model and body.model is not None and \
+            body.model not in (config.model_id, config.verifier):
         return error(404, f"model {body.model!r} not found: this server serves "
                           f"{config.model_id!r} (GET /v1/models)", param="model",
                      code="model_not_found")
@@ -219,34 +296,55 @@ async def _generate(request: HttpRequest, body, prompt, chat: bool, config: Serv
         worker.submit(job)
     except QueueFullError as e:
         return error_of(e)
+    watch = _Watch(job, request)
     try:
-        kind, payload = await _next_event(job, request)
+        kind, payload = await watch.next_event()
     except _ClientGone:
         return Response(status_code=499)
     if kind == "error":
-        return error_of(payload) if isinstance(payload, CactusError) else error(
-            500, str(payload), type_="server_error")
+        return _engine_error(payload)
     shape = _Shape(chat, config.model_id, req)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return EventSourceResponse(_sse(job, request, shape, include_usage), ping=15)
+        request.state.counted_by_stream = True  # its status is known only at its end
+        # on shutdown, sse-starlette would cut the stream at once (a silent end): it waits while
+        # the worker's grace runs and the stream sends its own last event
+        return EventSourceResponse(_sse(job, request, shape, include_usage, metrics), ping=15,
+                                   shutdown_grace_period=config.shutdown_grace + 5)
     text = []
     try:
         while True:
-            kind, payload = await _next_event(job, request)
+            kind, payload = await watch.next_event()
             if kind == "chunk":
                 text.append(payload.text)
             elif kind == "done":
+                if job.stopped_by == "shutdown":
+                    return error_of(ShuttingDownError(_cut_short(payload)))
                 return shape.response("".join(text), payload, job.stopped_by)
             else:
-                return error_of(payload) if isinstance(payload, CactusError) else error(
-                    500, str(payload), type_="server_error")
+                return _engine_error(payload)
     except _ClientGone:
         return Response(status_code=499)
 
 
-async def _sse(job: Job, request: HttpRequest, shape: "_Shape", include_usage: bool):
-    """The SSE events of a streaming response: OpenAI's chunks, then ``[DONE]``."""
+def _cut_short(result) -> str:
+    return (f"the server is shutting down: this reply was cut short after "
+            f"{result.stats.n_tokens} tokens; send the request again when it is back")
+
+
+def _error_event(e) -> dict:
+    return {"data": json.dumps({"error": {
+        "message": str(e), "type": getattr(e, "error_type", "server_error"),
+        "param": getattr(e, "param", None), "code": getattr(e, "code", None)}})}
+
+
+async def _sse(job: Job, request: HttpRequest, shape: "_Shape", include_usage: bool,
+               metrics: Metrics):
+    """The SSE events of a streaming response: OpenAI's chunks, then ``[DONE]``. A stream the
+    server's shutdown ends early gets an error event (code ``server_shutdown``) in place of the
+    chunk with a ``finish_reason``. Counted in the metrics when it ends: 200, 499 when the client
+    left first, 503 when the shutdown cut it."""
+    status = "499"  # unless it gets to its end
     try:
         yield {"data": json.dumps(shape.chunk(role=True))}
         while True:
@@ -255,19 +353,25 @@ async def _sse(job: Job, request: HttpRequest, shape: "_Shape", include_usage: b
                 yield {"data": json.dumps(shape.chunk(text=payload.text,
                                                       segments=payload.segments))}
             elif kind == "done":
-                yield {"data": json.dumps(shape.chunk(result=payload, stopped_by=job.stopped_by))}
-                if include_usage:
-                    yield {"data": json.dumps(shape.usage_chunk(payload))}
+                if job.stopped_by == "shutdown":
+                    status = "503"
+                    yield _error_event(ShuttingDownError(_cut_short(payload)))
+                else:
+                    yield {"data": json.dumps(shape.chunk(result=payload,
+                                                          stopped_by=job.stopped_by))}
+                    if include_usage:
+                        yield {"data": json.dumps(shape.usage_chunk(payload))}
                 break
             else:
-                e = payload
-                yield {"data": json.dumps({"error": {
-                    "message": str(e), "type": getattr(e, "error_type", "server_error"),
-                    "param": getattr(e, "param", None), "code": getattr(e, "code", None)}})}
+                status = "500"
+                yield _error_event(payload)
                 break
         yield {"data": "[DONE]"}
+        if status == "499":
+            status = "200"
     finally:
         job.cancel()  # the client left mid-stream (or the stream ended): stop within one step
+        metrics.requests.labels(request.url.path, status).inc()
 
 
 class _Shape:

@@ -11,6 +11,10 @@ schema (options.py), so the server accepts exactly what ``cactus-gguf run`` acce
 the field as the client wrote it. Fields that would change what a response means and that this
 server does not implement (tools, logprobs, penalties, several choices) are refused with a 400,
 never silently ignored.
+
+Validation follows OpenAI's: types are strict (``"stream": "yes"``, ``"max_tokens": "3"`` or
+``3.5`` are a 400, not coerced; an integer is a valid float), at most 4 stop strings, none empty,
+``max_tokens`` >= 1 (left out: the server's ``-n``, which may be -1 = no limit).
 """
 from __future__ import annotations
 
@@ -20,6 +24,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InputError
 
+MAX_STOP = 4  # OpenAI's limit on stop strings
+
+# Strict types, as OpenAI validates: no "3" for 3, no "yes" for true (an int is a valid float).
+_STRICT = ConfigDict(strict=True)
+
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "Speculative", "to_request",
            "openai_param"]
 
@@ -27,7 +36,7 @@ __all__ = ["ChatCompletionRequest", "CompletionRequest", "Speculative", "to_requ
 class Speculative(BaseModel):
     """Speculation for one request (any field left out keeps the server's default)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     method: str | None = None
     delta: float | None = None
     solver: str | None = None
@@ -41,7 +50,7 @@ class JsonSchemaFormat(BaseModel):
     """OpenAI's ``response_format.json_schema``: ``schema`` is the JSON Schema (``name``,
     ``description`` and ``strict`` are accepted; the output always follows the schema)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
     name: str | None = None
     description: str | None = None
     strict: bool | None = None
@@ -51,29 +60,30 @@ class JsonSchemaFormat(BaseModel):
 class ResponseFormat(BaseModel):
     """OpenAI's ``response_format``: ``text`` (no constraint), ``json_object``, ``json_schema``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
 class StreamOptions(BaseModel):
+    model_config = _STRICT
     include_usage: bool = False
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: str
     text: str | None = None
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Union[str, list[ContentPart], None] = None
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown fields: checked in unsupported()
+    model_config = ConfigDict(extra="allow", strict=True)  # unknown: see unsupported()
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -189,11 +199,18 @@ def constraint_fields(body: _Common) -> dict[str, Any]:
 
 
 def overrides(body: _Common) -> dict[str, Any]:
-    """The Request fields a body sets (everything else keeps the server's defaults)."""
+    """The Request fields a body sets (everything else keeps the server's defaults).
+    InputError for what OpenAI refuses and the options schema allows: max_tokens < 1 (the
+    schema's -1 = no limit is the server's -n, when a body leaves max_tokens out), more than
+    MAX_STOP stop strings."""
     out: dict[str, Any] = {}
     n = getattr(body, "max_completion_tokens", None)
+    name = "max_completion_tokens" if n is not None else "max_tokens"
     n = n if n is not None else body.max_tokens
     if n is not None:
+        if n < 1:
+            raise InputError(f"{name} must be >= 1, got {n} (leave it out for the server's "
+                             "default, its -n)", param=name)
         out["n_predict"] = n
     for name in ("temperature", "top_p", "top_k", "min_p", "seed", "cache_prompt"):
         value = getattr(body, name)
@@ -201,6 +218,9 @@ def overrides(body: _Common) -> dict[str, Any]:
             out[name] = value
     if body.stop is not None:
         out["stop"] = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
+        if len(out["stop"]) > MAX_STOP:
+            raise InputError(f"stop takes at most {MAX_STOP} strings (as OpenAI), got "
+                             f"{len(out['stop'])}", param="stop")
     spec = body.speculative
     if spec is False:
         out["method"] = "none"

@@ -1,8 +1,10 @@
 """One thread owns the engine: it loads the models, then serves queued jobs one at a time, in
 arrival order, streaming each job's chunks back to the asyncio side.
 
-A job is cancelled (client gone, server stopping) or runs out of time between two steps: the
-engine then stops it within one verification step and the next job starts. Whatever a job does
+A job is cancelled (client gone, server stopping) or runs out of time between two steps, or
+between two ``n_batch`` chunks of its prompt: the engine then stops it there and the next job
+starts. ``shutdown(grace)`` refuses every job not yet running and ends the running one after
+``grace`` seconds (``stopped_by`` "shutdown"). Whatever a job does
 (bad input, a failed decode, a disconnect), the engine is ready for the next one: the engine
 restores its caches per request and a failed step leaves it consistent.
 """
@@ -18,7 +20,7 @@ from typing import Any, Callable
 from ..errors import CapacityError, EngineError, InputError
 from ..llama.devices import RpcServerLostError
 
-__all__ = ["Job", "Worker", "QueueFullError"]
+__all__ = ["Job", "Worker", "QueueFullError", "ShuttingDownError"]
 
 
 class QueueFullError(CapacityError):
@@ -27,13 +29,24 @@ class QueueFullError(CapacityError):
     code = "queue_full"
 
 
+class ShuttingDownError(CapacityError):
+    """The server is stopping (SIGTERM / Ctrl-C): HTTP 503, or a stream's error event."""
+
+    code = "server_shutdown"
+
+    def __init__(self, message: str = "the server is shutting down: send the request again when "
+                                      "it is back") -> None:
+        super().__init__(message)
+
+
 @dataclass
 class Job:
     """One request for the engine: a prompt (text, token ids, or chat messages) and its Request.
 
     ``events`` receives ("started", None), then ("chunk", Chunk) ..., then ("done",
     GenerationResult) or ("error", exception), on the event loop that created the job.
-    ``stopped_by``: why it ended early ("cancelled", "timeout"), else "".
+    ``stopped_by``: why it ended early ("cancelled": the client left, "timeout", "shutdown"),
+    else "".
     """
 
     prompt: Any
@@ -44,6 +57,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     stopped_by: str = ""
+    cancel_reason: str = "cancelled"
     enqueued: float = field(default_factory=time.perf_counter)
 
     def put(self, kind: str, payload: Any) -> None:
@@ -53,8 +67,15 @@ class Job:
         except RuntimeError:  # the loop is closed: nobody is listening any more
             self.cancelled.set()
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop the job at the engine's next check; the first reason given is kept."""
+        if not self.cancelled.is_set():
+            self.cancel_reason = reason
         self.cancelled.set()
+
+    def should_stop(self) -> bool:
+        """The engine's cancel check: cancelled, or past the deadline."""
+        return self.cancelled.is_set() or time.perf_counter() > self.deadline
 
 
 class Worker:
@@ -76,6 +97,8 @@ class Worker:
         self._outstanding = 0  # submitted and not finished: the running job and those waiting
         self._lock = threading.Lock()
         self.state, self.error = "loading", ""
+        self.stopping = False  # shutdown() was called: no new job starts
+        self._running: Job | None = None
         self.engine = None
         self.ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cactus-engine", daemon=True)
@@ -90,12 +113,30 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         """Queue ``job``; QueueFullError when one job runs and max_queue jobs already wait."""
+        if self.stopping:
+            raise ShuttingDownError()
         with self._lock:
             if self._outstanding > self.max_queue:
                 raise QueueFullError(f"the server is busy: {self._outstanding - 1} requests are "
                                      f"waiting (--max-queue {self.max_queue}); retry shortly")
             self._outstanding += 1
         self._jobs.put(job)
+
+    def shutdown(self, grace: float) -> None:
+        """Begin a graceful stop (thread-safe, idempotent): jobs not yet running are refused
+        (ShuttingDownError); the running one may finish within ``grace`` seconds, then it is
+        ended with ``stopped_by`` "shutdown". ``stop()`` ends the thread afterwards."""
+        if self.stopping:
+            return
+        self.stopping = True
+        timer = threading.Timer(grace, self._end_running)
+        timer.daemon = True
+        timer.start()
+
+    def _end_running(self) -> None:
+        job = self._running
+        if job is not None:
+            job.cancel("shutdown")
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel what runs, end the thread, free the models (in the thread that made them)."""
@@ -129,6 +170,10 @@ class Worker:
 
     def _serve(self, job: Job) -> None:
         waited = time.perf_counter() - job.enqueued
+        if self.stopping:
+            job.put("error", ShuttingDownError())
+            self.on_finish(job, None, waited)
+            return
         if job.cancelled.is_set():
             job.put("error", InputError("the client went away before its turn"))
             self.on_finish(job, None, waited)
@@ -139,15 +184,16 @@ class Worker:
             self.on_finish(job, None, waited)
             return
         result = None
+        self._running = job
         try:
             prompt = self.engine.format_chat(job.prompt) if job.chat else job.prompt
-            stream = self.engine.stream(prompt, job.request)
+            stream = self.engine.stream(prompt, job.request, cancel=job.should_stop)
             job.put("started", None)
             for chunk in stream.steps():
                 if chunk is not None:
                     job.put("chunk", chunk)
-                if job.cancelled.is_set() or time.perf_counter() > job.deadline:
-                    job.stopped_by = "cancelled" if job.cancelled.is_set() else "timeout"
+                if job.should_stop():  # (a prompt cut short by it ends the stream too)
+                    job.stopped_by = job.cancel_reason if job.cancelled.is_set() else "timeout"
                     break
             result = stream.result if stream.result is not None else stream.partial(job.stopped_by)
             stream.close()
@@ -159,4 +205,6 @@ class Worker:
             job.put("error", e)
         except Exception as e:  # noqa: BLE001 - an engine failure must not end the server
             job.put("error", EngineError(f"{type(e).__name__}: {e}"))
+        finally:
+            self._running = None
         self.on_finish(job, result, waited)
