@@ -151,6 +151,7 @@ def test_sigterm_mid_stream_ends_it_with_an_error_event(files):
         t.join(60)
         assert waiting["r"].status_code == 503
         assert waiting["r"].json()["error"]["code"] == "server_shutdown"
+        s.proc.wait(60)  # it exits by itself
         rc = s.stop()
     assert rc == 0
     assert s.stderr_lines[-1] == "cactus-gguf: stopped"
@@ -165,6 +166,7 @@ def test_sigterm_lets_a_short_stream_finish(files):
         chunks = [next(iter(stream))]
         s.proc.send_signal(signal.SIGTERM)
         chunks += list(stream)
+        s.proc.wait(60)
         rc = s.stop()
     finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
     assert finals[-1] == "length" and chunks[-1].usage.completion_tokens == 300
@@ -205,6 +207,14 @@ def test_an_empty_alias_is_refused_before_anything_loads(files):
     r = run_cli("serve", files["ver"], "--method", "none", "--alias", "", "--port", "0")
     assert r.returncode == 1 and r.stderr.strip() == \
         "cactus-gguf: error: -a/--alias is empty: give a name"
+
+
+def test_serve_options_are_checked_before_anything_loads(files):
+    for args, message in [(["--port", "70000"], "--port must be in [0, 65535], got 70000"),
+                          (["--max-queue", "-3"], "--max-queue must be >= 0, got -3"),
+                          (["--timeout", "0"], "--timeout must be > 0, got 0")]:
+        r = run_cli("serve", files["ver"], "--method", "none", *args)
+        assert (r.returncode, r.stderr.strip()) == (1, f"cactus-gguf: error: {message}")
 
 
 # ---- 7. API-key headers: any case of the scheme, or x-api-key -------------------------------------
