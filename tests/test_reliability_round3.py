@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
@@ -147,7 +146,8 @@ def test_a_space_and_an_empty_prompt_are_prompts_when_the_model_adds_bos(files):
 
 def test_an_empty_prompt_without_bos_is_refused_everywhere(files):
     r = run_cli("run", files["nobos"], "--method", "none", "-p", "", "-t", "1")
-    assert_one_line_error(r, "the prompt is empty and this model adds no BOS token", "give some text")
+    assert_one_line_error(r, "the prompt is empty and this model adds no BOS token",
+                          "give some text")
     assert r.returncode == 1
     from cactus_gguf.errors import InputError
 
@@ -200,7 +200,7 @@ def test_a_bom_in_a_prompt_file_or_stdin_is_dropped(files, tmp_path):
         assert out["tokens"] == want["tokens"]
 
 
-# ---- 12. wording ----------------------------------------------------------------------------------
+# ---- 12. wording ---------------------------------------------------------------------------------
 
 def test_nan_is_not_a_number_and_missing_models_name_their_option(files, tmp_path):
     r = run_cli("run", files["ver"], "--method", "none", "-p", "x", "--delta", "nan")
@@ -208,7 +208,8 @@ def test_nan_is_not_a_number_and_missing_models_name_their_option(files, tmp_pat
     from cactus_gguf.llama import ModelLoadError
     from cactus_gguf.options import Request
 
-    with pytest.raises(ValueError, match=r"^top_p must be a number in \(0, 1\] \(1 = off\), got nan$"):
+    with pytest.raises(ValueError,
+                       match=r"^top_p must be a number in \(0, 1\] \(1 = off\), got nan$"):
         Request(top_p=float("nan"))
     not_gguf = tmp_path / "notes.gguf"
     not_gguf.write_text("not a model")

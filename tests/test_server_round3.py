@@ -10,7 +10,6 @@ driven by the openai client, httpx and raw sockets on 127.0.0.1.
 from __future__ import annotations
 
 import json
-import re
 import signal
 import socket
 import threading
@@ -74,7 +73,7 @@ def answered_at_once(server) -> float:
     return time.perf_counter() - t0
 
 
-# ---- 1 and 2. a client that leaves cancels its request, in its prefill too ------------------------
+# ---- 1 and 2. a client that leaves cancels its request, in its prefill too -----------------------
 
 @pytest.fixture(scope="module")
 def long(files):
@@ -161,7 +160,8 @@ def test_sigterm_mid_stream_ends_it_with_an_error_event(files):
 def test_sigterm_lets_a_short_stream_finish(files):
     with LiveServer(files["ver"], files["dft"], "-t", "1", "-k", "4") as s:
         stream = client(s).chat.completions.create(
-            model="ver", stream=True, max_tokens=300, seed=1, stream_options={"include_usage": True},
+            model="ver", stream=True, max_tokens=300, seed=1,
+            stream_options={"include_usage": True},
             messages=[{"role": "user", "content": "the cat"}])
         chunks = [next(iter(stream))]
         s.proc.send_signal(signal.SIGTERM)
@@ -173,7 +173,7 @@ def test_sigterm_lets_a_short_stream_finish(files):
     assert rc == 0
 
 
-# ---- 6. model names: served whatever the name, unless --strict-model ------------------------------
+# ---- 6. model names: served whatever the name, unless --strict-model -----------------------------
 
 def test_any_model_name_is_served_and_the_served_id_echoed(small):
     c = client(small)
@@ -217,7 +217,7 @@ def test_serve_options_are_checked_before_anything_loads(files):
         assert (r.returncode, r.stderr.strip()) == (1, f"cactus-gguf: error: {message}")
 
 
-# ---- 7. API-key headers: any case of the scheme, or x-api-key -------------------------------------
+# ---- 7. API-key headers: any case of the scheme, or x-api-key ------------------------------------
 
 @pytest.mark.parametrize("headers,status", [
     ({"Authorization": "Bearer s3cret"}, 200),
@@ -238,7 +238,7 @@ def test_api_key_headers(keyed, headers, status):
         assert r.json()["error"]["code"] == "invalid_api_key"
 
 
-# ---- 8. OpenAI's validation --------------------------------------------------------------------------
+# ---- 8. OpenAI's validation ----------------------------------------------------------------------
 
 STRICT = [  # (body fields, param, message fragment)
     ({"stream": "yes"}, "stream", 'should be a valid boolean, got "yes"'),

@@ -211,7 +211,8 @@ class SlowStepWatch:
 
     def __init__(self, n_threads: int, factor: float = 10.0, min_seconds: float = 0.2,
                  run: int = 3) -> None:
-        self.n_threads, self.factor, self.min_seconds, self.run = n_threads, factor, min_seconds, run
+        self.n_threads, self.factor = n_threads, factor
+        self.min_seconds, self.run = min_seconds, run
         self._probed: ForwardCosts | None = None
         self._slow = 0
         self.warned = False
