@@ -34,7 +34,7 @@ __all__ = ["Option", "OPTIONS", "LoadOptions", "Request", "options_in", "default
 
 # The acceptance rules ("none" = no speculation, the verifier alone), Cactus solvers and budgets.
 # Names only: their C values come from the library (sampling/_clib.py asks it for each name).
-METHODS = ("sps", "cactus", "typical", "topk", "greedy")
+METHODS = ("sps", "cactus", "typical", "topk", "greedy", "ears")
 SOLVERS = ("taylor", "exact")
 BUDGETS = ("target", "output")
 DRAFTERS = ("model", "ngram", "hybrid")
@@ -194,7 +194,8 @@ _METHOD_HELP = (
     "acceptance: accept if `q[n] > min(ε, α·exp(−H(q)))`, else emit the verifier's argmax); `topk` "
     "(accept drafts among the verifier's top `--accept-top-k`, residual from `max(0, 1[top] − p)`); "
     "`greedy` (llama-server style: sample from the verifier, accept while it equals the draft); "
-    "`none` (the verifier alone: the baseline, same sampler)")
+    "`ears` (EARS: accept with probability `min(1, q[n]/p[n] + α·(1 − max q))`, residual as SpS; "
+    "`--ears-alpha`); `none` (the verifier alone: the baseline, same sampler)")
 
 _RUN = frozenset({"run"})
 _BENCH = frozenset({"bench"})
@@ -258,6 +259,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("accept_top_k", int, 5, "`topk` acceptance: size of the accepted set (within the "
            "verifier's support)", ("--accept-top-k",), range=Range(lo=1, hi=2**31, hi_open=True),
            metavar="N"),
+    Option("ears_alpha", float, 0.5, "`ears` acceptance: weight α of the tolerance α·(1 − max q) "
+           "added to SpS's ratio q[n]/p[n] (0 = SpS)", ("--ears-alpha",), range=Range(lo=0.0),
+           metavar="A"),
+    Option("top_gap", float, float("inf"), "Cactus: relax only drafts within G nats of the "
+           "verifier's top token (q[n] ≥ max q · e^−G); the others are accepted as SpS would; "
+           "`inf` = every draft (the paper's)", ("--top-gap",), range=Range(lo=0.0), metavar="G"),
+    Option("protect_ends", float, "off", "Cactus: at positions where the verifier puts at least "
+           "TAU on ending (end-of-generation tokens and tokens that start a stop string), keep "
+           "that chance in what is emitted (the position falls back to SpS where Cactus would "
+           "lower it), so answers end where the verifier's would; `off` = the paper's rule",
+           ("--protect-ends",), range=Range(lo=0.0, hi=1.0), metavar="TAU", words=("off",)),
     Option("drafter", str, "model", "`model` (the DRAFT GGUF), `ngram` (prompt lookup from the "
            "token history: no draft model, `cactus-gguf run VERIFIER --drafter ngram`) or "
            "`hybrid` (prompt lookup when the last `--ngram-max` tokens occurred before, else the "

@@ -76,6 +76,8 @@ typedef enum {
     CG_METHOD_TYPICAL = 2, /* accept if q[n] > min(eps, alpha * exp(-H(q))); else emit argmax q */
     CG_METHOD_TOPK = 3,    /* accept if n in top-accept_top_k of q; residual norm(max(0, 1[topk] - p)) */
     CG_METHOD_GREEDY = 4,  /* sample x ~ q at each position; accept while x == n; else emit x */
+    CG_METHOD_EARS = 5,    /* accept with probability min(1, q[n] / p[n] + ears_alpha (1 - max q)),
+                            * never a token q excludes; residual norm(max(0, q - p)) as SpS */
     CG_METHOD_COUNT        /* not a rule: the number of rules (a new rule goes right above) */
 } cg_method;
 
@@ -119,6 +121,17 @@ typedef struct {
     int32_t output_kl;       /* 1: cg_verify reports output_kl_* (the emitted law at every evaluated
                               * position: ~0.05 ms per position with top-k 40, ~8 ms at an untruncated
                               * V = 152k); 0: they stay 0 (the output budget computes the law anyway) */
+    double ears_alpha;       /* EARS: the tolerance's weight alpha, >= 0 (0 is SpS) */
+    double top_gap;          /* Cactus: relax only drafts within top_gap nats of the verifier's top
+                              * token, q[n] >= max(q) exp(-top_gap); the others get SpS's target
+                              * h = q. >= 0; +inf = every draft (the paper's) */
+    double end_tau;          /* Cactus, with end_mask: at a position where q(E) >= end_tau and
+                              * q(E) > 0 (E = the ids end_mask sets), the position keeps its budget
+                              * only if its emitted law P has P(E) >= q(E), else it runs SpS there
+                              * (delta' = 0): ending is never made less likely. >= 0 */
+    const uint32_t *end_mask; /* uint32 [ceil(n_vocab / 32)], bit i of word i / 32 set for an id of
+                              * the end set (end-of-generation tokens, starts of stop strings); NULL:
+                              * no protected ends. Read in place; the caller keeps it alive. */
 } cg_accept_params;
 
 /* xoshiro256** state; seeded by cg_rng_seed (splitmix64 expansion of a 64-bit seed). */

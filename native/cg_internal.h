@@ -221,7 +221,20 @@ typedef struct {
     int32_t n_vocab;
     const cg_accept_params *ap;  /* the rule, with delta already the position's budget */
     const cg_ws *ws;
+    double q_max;                /* max q (cgi_position_prepare; 0 when no rule needs it) */
+    double near;                 /* Cactus's top_gap: a draft i is relaxed iff q[i] >= near,
+                                  * max(q) exp(-top_gap) (0: every draft, the paper's) */
 } cg_position;
+
+/* Fill pos->q_max and pos->near for the rule in pos->ap (O(V) only when EARS or a finite top_gap
+ * needs max q). Call once per position, after q is warped. */
+void cgi_position_prepare(cg_position *pos);
+
+/* Cactus's budget at draft i under top_gap: delta when q[i] >= pos->near, else 0 (SpS's target). */
+static inline double cactus_delta_at(const cg_position *pos, double delta, double q_i)
+{
+    return q_i >= pos->near ? delta : 0.0;
+}
 
 /* Top-k acceptance's set T: the top K = min(accept_top_k, V, |supp q|) tokens of q (ties -> lower
  * id), left in ws->pairs[0, m) (m = min(accept_top_k, V) selected, m_pos of them with q > 0, so
@@ -299,6 +312,7 @@ cg_wlist cgi_law_greedy(const cg_position *pos, const cg_target *t, cg_law *out)
 cg_wlist cgi_law_cactus(const cg_position *pos, const cg_target *t, cg_law *out);
 cg_wlist cgi_law_typical(const cg_position *pos, const cg_target *t, cg_law *out);
 cg_wlist cgi_law_topk(const cg_position *pos, const cg_target *t, cg_law *out);
+cg_wlist cgi_law_ears(const cg_position *pos, const cg_target *t, cg_law *out);
 double cgi_budget_cactus(const cg_position *pos, double *kl_out, int *has_kl);
 
 #endif /* CG_INTERNAL_H */

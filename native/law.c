@@ -128,8 +128,9 @@ static int32_t cactus_direct(const cg_position *pos, double delta, cg_wlist *sq,
         const double pi = draft_prob(pos->p, i, pos->n);
         p_in += pi;
         double direct = pi; /* min(p, g): what token i gets as an accepted draft */
-        if (pi > qi && !always_accepted(pi, qi, delta, pos->ap->solver)) {
-            const double g = cg_cactus_gamma(qi, delta, pos->ap->solver); /* delta = 0: g = q */
+        const double d = cactus_delta_at(pos, delta, qi); /* 0 for a draft top_gap leaves to SpS */
+        if (pi > qi && !always_accepted(pi, qi, d, pos->ap->solver)) {
+            const double g = cg_cactus_gamma(qi, d, pos->ap->solver); /* d = 0: g = q */
             if (g < pi) {
                 e[m].s = (1.0 - g) / (1.0 - qi); /* g < p <= 1, so q < 1 */
                 e[m].m = pi - g;
@@ -241,14 +242,65 @@ static double output_delta(const cg_position *pos, double *kl_used)
     return lo;
 }
 
+#define CG_END_TOLERANCE 1e-6
+
+static inline int in_mask(const uint32_t *mask, int32_t i)
+{
+    return (int)((mask[i >> 5] >> (i & 31)) & 1u);
+}
+
+/* The mass a weight list puts on the ids of mask, summed in id order. */
+static double mass_on(const cg_wlist *wl, const uint32_t *mask)
+{
+    double s = 0.0;
+    for (int32_t j = 0; j < wl->m; ++j) {
+        s += in_mask(mask, wl->id[j]) ? wl->w[j] : 0.0;
+    }
+    return s;
+}
+
+/* Protected ends: at a position where the verifier's mass on the end set E is q(E) >= end_tau
+ * (and > 0), keep the budget d only if the emitted law at d ends at least as often,
+ * P(E) >= q(E) - CG_END_TOLERANCE;
+ * else run SpS there (d = 0, P = q). So no protected position makes ending less likely than the
+ * verifier does: the rule's answers stop where the verifier's would. *kl_out / *has_kl are updated
+ * when the law was evaluated. */
+static double protect_ends(const cg_position *pos, double d, double *kl_out, int *has_kl)
+{
+    const uint32_t *mask = pos->ap->end_mask;
+    if (!mask || !(d > 0.0)) {
+        return d;
+    }
+    const cg_wlist sq = cgi_wl_support(pos->q, pos->n_vocab, pos->ws); /* weights q */
+    const double q_end = mass_on(&sq, mask);
+    if (!(q_end > 0.0) || q_end < pos->ap->end_tau) {
+        return d;
+    }
+    double kl;
+    double acc;
+    const cg_wlist law = cactus_law(pos, d, &kl, &acc);
+    /* P(E) = q(E) exactly in arithmetic when the end set's drafts are not relaxed (e.g. top_gap
+     * leaves them to SpS): a tolerance above the law's own rounding (a draft whose Z rounds to 0
+     * drops its ~1e-7, see the top) keeps such ties on one side */
+    if (mass_on(&law, mask) < q_end - CG_END_TOLERANCE) {
+        *kl_out = 0.0; /* SpS: P = q */
+        *has_kl = 1;
+        return 0.0;
+    }
+    *kl_out = kl;
+    *has_kl = 1;
+    return d;
+}
+
 double cgi_budget_cactus(const cg_position *pos, double *kl_out, int *has_kl)
 {
+    double d = pos->ap->delta; /* the target budget: the paper's delta for every draft */
+    *has_kl = 0;
     if (pos->ap->budget == CG_BUDGET_OUTPUT) {
         *has_kl = 1; /* the search evaluated the law at the delta' it returns */
-        return output_delta(pos, kl_out);
+        d = output_delta(pos, kl_out);
     }
-    *has_kl = 0;
-    return pos->ap->delta; /* the target budget: the paper's delta for every draft */
+    return protect_ends(pos, d, kl_out, has_kl);
 }
 
 /* SpS (and Cactus at delta = 0): P = q; acceptance sum_n min(p[n], q[n]). */
@@ -304,6 +356,35 @@ cg_wlist cgi_law_typical(const cg_position *pos, const cg_target *t, cg_law *out
     }
     const double rho = 1.0 - acc;
     sq.w[j_arg] += rho > 0.0 ? rho : 0.0; /* every rejection emits argmax q */
+    out->acceptance = acc;
+    out->kl = kl_of_list(&sq, pos->q);
+    return sq;
+}
+
+/* EARS: a_x = min(1, q[x] / p[x] + thr) on supp q (0 off it), so the accepted mass at x is
+ * min(p[x], q[x] + thr p[x]); every rejection draws the one residual r = norm(max(0, q - p)) (q
+ * itself when that is all zero, as cg_verify's fallback draws h = q), so
+ *     P(x) = min(p[x], q[x] + thr p[x]) + rho r[x],   rho = 1 - the accepted mass. */
+cg_wlist cgi_law_ears(const cg_position *pos, const cg_target *t, cg_law *out)
+{
+    cg_wlist sq = cgi_wl_support(pos->q, pos->n_vocab, pos->ws); /* weights q, then P */
+    double acc = 0.0;
+    double z = 0.0;
+    for (int32_t j = 0; j < sq.m; ++j) {
+        const double qi = sq.w[j];
+        const double pi = draft_prob(pos->p, sq.id[j], pos->n);
+        const double reach = qi + t->thr * pi;
+        acc += pi < reach ? pi : reach;
+        z += qi > pi ? qi - pi : 0.0;
+    }
+    const double rho = 1.0 - acc > 0.0 ? 1.0 - acc : 0.0;
+    for (int32_t j = 0; j < sq.m; ++j) {
+        const double qi = sq.w[j];
+        const double pi = draft_prob(pos->p, sq.id[j], pos->n);
+        const double reach = qi + t->thr * pi;
+        const double r = z > 0.0 ? (qi > pi ? qi - pi : 0.0) / z : qi;
+        sq.w[j] = (pi < reach ? pi : reach) + rho * r;
+    }
     out->acceptance = acc;
     out->kl = kl_of_list(&sq, pos->q);
     return sq;

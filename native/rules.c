@@ -35,7 +35,8 @@ static void sps_target(const cg_position *pos, cg_target *t)
 static void cactus_target(const cg_position *pos, cg_target *t)
 {
     const double q_n = (double)pos->q[pos->n];
-    t->h_n = cg_cactus_gamma(q_n, pos->ap->delta, pos->ap->solver);
+    /* top_gap: a draft far below the verifier's top token gets delta 0, i.e. SpS's h = q */
+    t->h_n = cg_cactus_gamma(q_n, cactus_delta_at(pos, pos->ap->delta, q_n), pos->ap->solver);
     t->scale = t->h_n != q_n ? (1.0 - t->h_n) / (1.0 - q_n) : 1.0;
     t->kl = cgi_binary_kl(t->h_n, q_n); /* = KL(h || q) for this h; 0 when gamma = q[n] */
 }
@@ -174,6 +175,46 @@ static int32_t topk_residual(const cg_position *pos, const cg_target *t, double 
     return cgi_wl_draw(&wl, v);
 }
 
+/* ---- ears: accept with probability min(1, q[n] / p[n] + alpha (1 - max q)) ------------------ */
+
+/* EARS (Sun et al. 2025, arXiv:2512.13194): SpS's test with a tolerance alpha (1 - max q) that
+ * grows with the verifier's uncertainty; the residual is SpS's, norm(max(0, q - p)) (h = q). */
+static void ears_target(const cg_position *pos, cg_target *t)
+{
+    t->h_n = (double)pos->q[pos->n];
+    t->scale = 1.0;
+    t->thr = pos->ap->ears_alpha * (1.0 - pos->q_max);
+    t->kl = 0.0; /* no target distribution: the divergence is the emitted law's (output_kl_*) */
+}
+
+/* u < q[n] / p[n] + thr, evaluated as u p[n] < q[n] + thr p[n] (p[n] = 0: accept iff q[n] > 0).
+ * A token the warped verifier excludes (q[n] = 0) is never accepted: the tolerance would
+ * otherwise emit tokens outside the verifier's top-k / top-p set (or its grammar). */
+static void ears_accept(const cg_position *pos, const cg_target *t, double u, cg_outcome *o)
+{
+    const double p_n = draft_prob(pos->p, pos->n, pos->n);
+    o->accepted = pos->q[pos->n] > 0.0f && u * p_n < t->h_n + t->thr * p_n;
+    o->token = pos->n;
+    o->kl = 0.0;
+}
+
+void cgi_position_prepare(cg_position *pos)
+{
+    const cg_accept_params *ap = pos->ap;
+    const int gap = ap->method == CG_METHOD_CACTUS && ap->top_gap < INFINITY;
+    pos->q_max = 0.0;
+    pos->near = 0.0;
+    if (ap->method != CG_METHOD_EARS && !gap) {
+        return;
+    }
+    float m = 0.0f;
+    for (int32_t i = 0; i < pos->n_vocab; ++i) {
+        m = pos->q[i] > m ? pos->q[i] : m;
+    }
+    pos->q_max = (double)m;
+    pos->near = gap ? pos->q_max * exp(-ap->top_gap) : 0.0;
+}
+
 /* ---- greedy: x ~ q with the position's uniform; accept iff x = n, else emit x (h = q) ---------- */
 
 static void greedy_accept(const cg_position *pos, const cg_target *t, double u, cg_outcome *o)
@@ -204,6 +245,11 @@ static int cactus_emits_q(const cg_accept_params *ap)
     return ap->delta == 0.0; /* delta = 0 is SpS */
 }
 
+static int ears_emits_q(const cg_accept_params *ap)
+{
+    return ap->ears_alpha == 0.0; /* alpha = 0 is SpS */
+}
+
 /* ---- the table --------------------------------------------------------------------------------- */
 
 static const cg_rule RULES[] = {
@@ -219,6 +265,8 @@ static const cg_rule RULES[] = {
                         .law = cgi_law_topk, .accept = topk_accept, .residual = topk_residual},
     [CG_METHOD_GREEDY] = {.name = "greedy", .budget = NULL, .target = NULL, .emits_q = always_q,
                           .law = cgi_law_greedy, .accept = greedy_accept, .residual = NULL},
+    [CG_METHOD_EARS] = {.name = "ears", .budget = NULL, .target = ears_target, .emits_q = ears_emits_q,
+                        .law = cgi_law_ears, .accept = ears_accept, .residual = rescaled_residual},
 };
 _Static_assert(sizeof RULES / sizeof RULES[0] == CG_METHOD_COUNT, "one RULES entry per cg_method");
 
@@ -247,6 +295,10 @@ cg_status cgi_check_accept_params(const cg_accept_params *ap)
     }
     /* written so that NaN fails; delta = +inf is allowed (gamma = 1 whenever q[n] > 0) */
     if (!(ap->delta >= 0.0) || !(ap->typical_epsilon >= 0.0) || !(ap->typical_alpha >= 0.0)) {
+        return CG_ERR_BAD_ARGUMENT;
+    }
+    /* NaN fails; top_gap = +inf (off) and end_tau > 1 (never protect) are allowed */
+    if (!(ap->ears_alpha >= 0.0) || !(ap->top_gap >= 0.0) || !(ap->end_tau >= 0.0)) {
         return CG_ERR_BAD_ARGUMENT;
     }
     if (ap->accept_top_k < 1) {

@@ -96,7 +96,7 @@ cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
     const cg_ws ws = cgi_ws_carve(work, n_vocab);
     const size_t nw = (size_t)mask_words(n_vocab); /* words per row of the mask */
     const cg_rule *rule = cgi_rule(ap->method);
-    cg_position pos = {ws.q, NULL, 0, n_vocab, ap, &ws};
+    cg_position pos = {ws.q, NULL, 0, n_vocab, ap, &ws, 0.0, 0.0};
     for (int32_t i = 0; i < k; ++i) {
         const float *row = verifier_logits + (size_t)i * (size_t)n_vocab;
         st = cgi_warp_masked(row, n_vocab, n_vocab, allowed ? allowed + (size_t)i * nw : NULL, sp,
@@ -107,6 +107,7 @@ cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens,
         }
         pos.p = draft_probs ? draft_probs + (size_t)i * (size_t)n_vocab : NULL;
         pos.n = draft_tokens[i];
+        cgi_position_prepare(&pos);
         const cg_outcome o = run_position(rule, &pos, rng, out);
         if (!o.accepted) {
             out->n_accepted = i;
@@ -153,7 +154,8 @@ cg_status cg_emitted_law(const float *p, int32_t token, const float *q, int32_t 
     const cg_rule *rule = cgi_rule(ap->method);
     /* With a row p the law does not depend on the drafted token (token may be anything): 0 stands
      * in for it, so the target's reads of q[n] stay in range. */
-    cg_position pos = {q, p, p ? 0 : token, n_vocab, ap, &ws};
+    cg_position pos = {q, p, p ? 0 : token, n_vocab, ap, &ws, 0.0, 0.0};
+    cgi_position_prepare(&pos);
     cg_accept_params at = *ap;
     if (rule->budget) {
         double kl_used;

@@ -62,7 +62,8 @@ def chisquare_pvalue(counts, expected_probs, strict=True):
 
 @pytest.mark.parametrize("method,delta,solver", [("sps", 0.0, "taylor"), ("cactus", 1.0, "taylor"),
                                                   ("cactus", 0.5, "exact"), ("typical", 0.0, "taylor"),
-                                                  ("topk", 0.0, "taylor"), ("greedy", 0.0, "taylor")])
+                                                  ("topk", 0.0, "taylor"), ("greedy", 0.0, "taylor"),
+                                                  ("ears", 0.0, "taylor")])
 def test_first_emitted_token_follows_the_method_distribution(tiny_pair, method, delta, solver):
     ver, dft = tiny_pair
     sampling = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
@@ -71,9 +72,51 @@ def test_first_emitted_token_follows_the_method_distribution(tiny_pair, method, 
     with decoder(ver, dft, k=1, method=method, delta=delta, solver=solver) as dec:
         counts = first_token_histogram(dec, 6000, len(q))
     assert chisquare_pvalue(counts, expected) > ALPHA
-    if method in ("cactus", "typical", "topk"):
+    if method in ("cactus", "typical", "topk", "ears"):
         # These rules really move mass away from q (towards the draft): the histogram is not q's.
         assert chisquare_pvalue(counts, q.astype(np.float64), strict=False) < ALPHA
+
+
+def test_the_end_set_is_end_of_generation_and_the_starts_of_stop_strings(tiny_pair):
+    from cactus_gguf.spec.vocab import end_set, token_pieces
+
+    with Context.load(tiny_pair[0], context_options=CTX) as m:
+        pieces = token_pieces(m.model)
+        ends = end_set(m.model, pieces, (" cat", "xyz"), m.n_vocab)
+        assert ends[m.model.eos]  # its piece is "" (a control token renders as nothing)
+        # " cat" itself, the bare space (byte 0x20 and "▁": both a prefix of the stop string), and
+        # "x" (a prefix of "xyz"); "cat" needs its space, "t" is no start
+        want = {m.model.eos} | {t for t, x in enumerate(pieces) if x in (" cat", " ", "x")}
+        assert set(np.flatnonzero(ends)) == want and len(want) == 5
+        assert not end_set(m.model, pieces, (), m.n_vocab)[pieces.index(" cat")]
+
+
+def test_protected_ends_first_token_follows_the_exact_law(tiny_pair):
+    """With --protect-ends the first emitted token follows the exact law of native/law.c (a
+    position where Cactus would lower the chance of ending runs SpS), and that law is not plain
+    Cactus's: chi-square at ALPHA both ways."""
+    from cactus_gguf.spec.vocab import end_set, token_pieces
+
+    ver, dft = tiny_pair
+    sampling = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
+    q, p = first_position_dists(ver, dft, sampling)
+    with Context.load(ver, context_options=CTX) as m:
+        pieces = token_pieces(m.model)
+        q_top = [pieces[t] for t in np.argsort(-q)[:3]]
+    stops = tuple(x.lstrip() for x in q_top if x.strip())[:2]  # end set: the top of q, so
+    with Context.load(ver, context_options=CTX) as m:          # ending is likely here
+        ends = end_set(m.model, token_pieces(m.model), stops, m.n_vocab)
+    assert q[ends].sum() > 0.2
+    plain = reference.emitted_first_token_distribution(p, q, "cactus", delta=1.0)
+    expected = reference.emitted_first_token_distribution(p, q, "cactus", delta=1.0,
+                                                          end_set=ends, end_tau=0.0)
+    assert expected[ends].sum() >= q[ends].sum() - 1e-6
+    with decoder(ver, dft, k=1, method="cactus", delta=1.0, protect_ends=0.0,
+                 stop=stops) as dec:
+        counts = first_token_histogram(dec, 6000, len(q))
+    assert chisquare_pvalue(counts, expected) > ALPHA
+    if 6000 * ((plain - expected) ** 2 / np.maximum(expected, 1e-12)).sum() > 100:
+        assert chisquare_pvalue(counts, plain, strict=False) < ALPHA
 
 
 def test_sps_histogram_would_fail_against_a_wrong_distribution(tiny_pair):

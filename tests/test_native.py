@@ -39,7 +39,7 @@ from cactus_gguf.sampling import (
 )
 
 ALPHA = 0.001  # significance level of every chi-square test below
-METHODS = ["sps", "cactus", "typical", "topk", "greedy"]
+METHODS = ["sps", "cactus", "typical", "topk", "greedy", "ears"]
 
 
 def sampler(V, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, **accept):
@@ -760,10 +760,15 @@ def test_c_layer_validates_parameters_on_its_own():
                               addr(a), addr(rng), work.ctypes.data, addr(res))
 
     assert verify_status(1, 0, 1.0, 0.09, 0.3, 5) == 0
-    for ap in [(5, 0, 1.0, 0.09, 0.3, 5), (-1, 0, 1.0, 0.09, 0.3, 5), (1, 2, 1.0, 0.09, 0.3, 5),
+    past_last = len(native.METHOD_VALUES)  # the first value that names no rule
+    for ap in [(past_last, 0, 1.0, 0.09, 0.3, 5), (-1, 0, 1.0, 0.09, 0.3, 5), (1, 2, 1.0, 0.09, 0.3, 5),
                (1, 0, -1.0, 0.09, 0.3, 5), (1, 0, math.nan, 0.09, 0.3, 5), (2, 0, 1.0, math.nan, 0.3, 5),
                (2, 0, 1.0, 0.09, -0.3, 5), (3, 0, 1.0, 0.09, 0.3, 0)]:
         assert verify_status(*ap) == 1, ap
+    # ears_alpha < 0, top_gap NaN, end_tau < 0 (positions after output_kl)
+    for extra in [(-0.5, math.inf, 2.0), (0.5, math.nan, 2.0), (0.5, math.inf, -1.0)]:
+        assert verify_status(1, 0, 1.0, 0.09, 0.3, 5, 0, 0, *extra) == 1, extra
+    assert verify_status(1, 0, 1.0, 0.09, 0.3, 5, 0, 0, 0.5, math.inf, 2.0) == 0
     assert verify_status(1, 0, 1.0, 0.09, 0.3, 5, k=-1) == 1
     assert verify_status(1, 0, 1.0, 0.09, 0.3, 5, n_vocab=0) == 1
     assert native._workspace_size(0) == 0

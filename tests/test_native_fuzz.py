@@ -24,7 +24,7 @@ from cactus_gguf.sampling import reference as ref
 from cactus_gguf.sampling import (AcceptanceParams, BadDistributionError, NativeSampler,
                                 NonFiniteLogitsError, SamplingParams, pack_allowed)
 
-METHODS = ["sps", "cactus", "typical", "topk", "greedy"]
+METHODS = ["sps", "cactus", "typical", "topk", "greedy", "ears"]
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 

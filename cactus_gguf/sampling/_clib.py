@@ -61,6 +61,10 @@ class _AcceptParamsC(ctypes.Structure):
         ("accept_top_k", ctypes.c_int32),
         ("budget", ctypes.c_int32),
         ("output_kl", ctypes.c_int32),
+        ("ears_alpha", ctypes.c_double),
+        ("top_gap", ctypes.c_double),
+        ("end_tau", ctypes.c_double),
+        ("end_mask", ctypes.c_void_p),  # uint32 [ceil(V / 32)] or NULL
     ]
 
 

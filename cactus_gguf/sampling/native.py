@@ -78,7 +78,7 @@ _ENUM_FIELDS = {"method": METHOD_VALUES, "solver": SOLVER_VALUES, "budget": BUDG
 def c_params(ctype: type[ctypes.Structure], record) -> ctypes.Structure:
     """The C struct ``ctype`` filled by field name from the same-named fields of ``record`` (a
     SamplingParams or AcceptanceParams): enum fields through the library's name -> value maps,
-    booleans as 0 / 1. Every C field must have its record field and the other way round, so a
+    booleans as 0 / 1, arrays as their address (the record keeps them alive). Every C field must have its record field and the other way round, so a
     field added on one side only fails here, not silently in C."""
     c_fields = [name for name, _ in ctype._fields_]
     r_fields = [f.name for f in dataclass_fields(record)]
@@ -88,8 +88,10 @@ def c_params(ctype: type[ctypes.Structure], record) -> ctypes.Structure:
     values = {}
     for name in c_fields:
         value = getattr(record, name)
-        values[name] = _ENUM_FIELDS[name][value] if name in _ENUM_FIELDS else (
-            int(value) if isinstance(value, bool) else value)
+        values[name] = (_ENUM_FIELDS[name][value] if name in _ENUM_FIELDS
+                        else int(value) if isinstance(value, bool)
+                        else _addr(value) if isinstance(value, np.ndarray)  # read in place by C
+                        else value)
     return ctype(**values)
 
 
@@ -302,6 +304,9 @@ class NativeSampler:
         self._rng_p = ctypes.addressof(self._rng._c)
         self._sp = c_params(_SamplerParamsC, sampling)  # built once: every call passes its address
         self._sp_p = ctypes.addressof(self._sp)
+        if acceptance.end_mask is not None and acceptance.end_mask.shape != (mask_words(n_vocab),):
+            raise ValueError(f"end_mask must have ceil(V / 32) = {mask_words(n_vocab)} words, got "
+                             f"{acceptance.end_mask.shape}")
         self._ap = c_params(_AcceptParamsC, acceptance)
         self._ap_p = ctypes.addressof(self._ap)
         self._work = np.empty(_workspace_size(self._n_vocab), dtype=np.float32)

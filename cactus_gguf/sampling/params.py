@@ -5,7 +5,9 @@ these frozen records are what crosses into C, so a per-token call never re-valid
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+
+import numpy as np
 
 from ..options import BUDGETS, METHODS, SOLVERS, check_value, default
 
@@ -57,6 +59,13 @@ class AcceptanceParams:
     - ``output_kl``: measure KL(P || q) at every evaluated position (StepResult.output_kl_*).
     - ``typical_epsilon``, ``typical_alpha``: >= 0 (vLLM defaults 0.09, 0.3).
     - ``accept_top_k``: >= 1 (the authors' default 5).
+    - ``ears_alpha``: EARS's tolerance weight alpha, >= 0 (0 is SpS).
+    - ``top_gap``: Cactus relaxes only drafts with q[n] >= max(q) exp(-top_gap), nats >= 0; inf =
+      every draft (the paper's).
+    - ``end_tau`` and ``end_mask``: protected ends (Cactus): ``end_mask`` uint32
+      [ceil(V / 32)] (``native.pack_allowed`` of a bool [V] end set: end-of-generation tokens and
+      tokens that start a stop string) or None; at a position with q(E) >= end_tau the emitted law
+      keeps P(E) >= q(E) (SpS there when Cactus would lower it). end_tau > 1: never.
 
     Every field is validated whatever the method. Raises InputError on an out-of-range value.
     """
@@ -69,9 +78,22 @@ class AcceptanceParams:
     accept_top_k: int = default("accept_top_k")
     budget: str = default("budget")
     output_kl: bool = default("output_kl")
+    ears_alpha: float = default("ears_alpha")
+    top_gap: float = default("top_gap")
+    end_tau: float = 2.0  # > 1: no position is protected
+    end_mask: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        _validate(self)
+        for f in fields(self):
+            if f.name not in ("end_tau", "end_mask"):  # not options: checked here
+                check_value(f.name, getattr(self, f.name))
+        if not self.end_tau >= 0.0:
+            raise ValueError(f"end_tau must be a number >= 0, got {self.end_tau!r}")
+        m = self.end_mask
+        if m is not None and not (isinstance(m, np.ndarray) and m.dtype == np.uint32
+                                  and m.ndim == 1 and m.flags.c_contiguous):
+            raise ValueError("end_mask must be a C-contiguous uint32 [ceil(V / 32)] array "
+                             "(native.pack_allowed of a bool [V] end set) or None")
         if self.method not in METHODS:  # "none" is a Request's method, not an acceptance rule
             check_value("method", self.method)
             raise ValueError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
@@ -83,11 +105,15 @@ def sampling_params(request) -> SamplingParams:
                           top_p=request.top_p, min_p=request.min_p)
 
 
-def acceptance_params(request) -> AcceptanceParams | None:
-    """The acceptance rule of a Request; None for method "none" (the verifier alone)."""
+def acceptance_params(request, end_mask: np.ndarray | None = None) -> AcceptanceParams | None:
+    """The acceptance rule of a Request; None for method "none" (the verifier alone).
+    ``end_mask``: the packed end set (AcceptanceParams) for ``protect_ends``; None: unprotected."""
     if request.method == "none":
         return None
     return AcceptanceParams(method=request.method, delta=request.delta, solver=request.solver,
                             budget=request.budget, output_kl=request.output_kl,
                             typical_epsilon=request.typical_epsilon,
-                            typical_alpha=request.typical_alpha, accept_top_k=request.accept_top_k)
+                            typical_alpha=request.typical_alpha, accept_top_k=request.accept_top_k,
+                            ears_alpha=request.ears_alpha, top_gap=request.top_gap,
+                            **({} if request.protect_ends == "off" or end_mask is None else
+                               {"end_tau": request.protect_ends, "end_mask": end_mask}))

@@ -188,10 +188,20 @@ def gamma(q: float, delta: float, solver: str) -> float:
     return gamma_taylor(q, delta) if solver == "taylor" else gamma_exact(q, delta)
 
 
-def target(q: np.ndarray, n: int, method: str, delta: float, solver: str) -> np.ndarray:
+def gap_delta(q: np.ndarray, n: int, delta: float, top_gap: float) -> float:
+    """Cactus's budget for draft n under top_gap: delta when q[n] >= max(q) exp(-top_gap), else 0."""
+    if top_gap == math.inf:
+        return delta
+    return delta if q[n] >= float(np.float32(q.max())) * math.exp(-top_gap) else 0.0
+
+
+def target(q: np.ndarray, n: int, method: str, delta: float, solver: str,
+           top_gap: float = math.inf) -> np.ndarray:
     """The acceptance target h for drafted token n: q for SpS (and greedy); for Cactus h[n] = gamma,
-    h[i] = q[i] (1 - gamma) / (1 - q[n]) elsewhere (q itself when gamma = q[n])."""
+    h[i] = q[i] (1 - gamma) / (1 - q[n]) elsewhere (q itself when gamma = q[n]); under ``top_gap``
+    a draft far below the verifier's top gets delta 0 (h = q)."""
     h = q.copy()
+    delta = gap_delta(q, n, delta, top_gap) if method == "cactus" else delta
     if method == "cactus":
         g = gamma(q[n], delta, solver)
         if g != q[n]:
@@ -227,12 +237,15 @@ def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_lo
            solver: str = default("solver"),
            typical_epsilon: float = default("typical_epsilon"),
            typical_alpha: float = default("typical_alpha"), accept_top_k: int = default("accept_top_k"),
-           uniforms: Iterator[float] | None = None, allowed: np.ndarray | None = None) -> Step:
+           uniforms: Iterator[float] | None = None, allowed: np.ndarray | None = None,
+           ears_alpha: float = default("ears_alpha"), top_gap: float = default("top_gap"),
+           end_set: np.ndarray | None = None, end_tau: float = 2.0) -> Step:
     """One draft-verify step (see cactus_native.h), consuming `uniforms` in the C's order.
 
     draft_probs: float32 [k, V] or None (one-hot drafter); draft_tokens: int [k];
     verifier_logits: float32 [k+1, V]; sampling: kwargs of `warp` (without n_vocab);
     allowed: None, or k+1 masks (bool [k+1, V] or uint32 [k+1, ceil(V / 32)]), row i for row i.
+    end_set, end_tau: protected ends (bool [V] end set, threshold): see ``protected_delta``.
     """
     k = int(draft_tokens.shape[0])
     V = verifier_logits.shape[-1]
@@ -253,12 +266,16 @@ def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_lo
             p[n] = 1.0
         else:
             p = draft_probs[i].astype(np.float64)
+        d = delta
+        if method == "cactus" and end_set is not None:
+            d = protected_delta(draft_probs[i] if draft_probs is not None else None, q, delta, solver,
+                                end_set, end_tau, top_gap, drafted=n)
         u = draw()
         kl = 0.0
         if method in ("sps", "cactus"):
-            h = target(q, n, method, delta, solver)
+            h = target(q, n, method, d, solver, top_gap)
             if method == "cactus":
-                kl = binary_kl(gamma(q[n], delta, solver), q[n])
+                kl = binary_kl(h[n], q[n])
             accepted = u * p[n] < h[n]
             token = n
             if not accepted:
@@ -287,6 +304,14 @@ def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_lo
         elif method == "greedy":
             token = pick(q, u)
             accepted = token == n
+        elif method == "ears":
+            thr = ears_alpha * (1.0 - float(np.float32(q.max())))
+            accepted = q[n] > 0 and u * p[n] < q[n] + thr * p[n]
+            token = n
+            if not accepted:
+                v = draw()
+                r = np.maximum(q - p, 0.0)
+                token = pick(r if np.cumsum(r)[-1] > 0 else q, v)
         else:
             raise ValueError(method)
         kl_sum += kl
@@ -301,12 +326,19 @@ def emitted_first_token_distribution(p: np.ndarray | None, q: np.ndarray, method
                                      delta: float = default("delta"), solver: str = default("solver"),
                                      typical_epsilon: float = default("typical_epsilon"),
                                      typical_alpha: float = default("typical_alpha"),
-                                     accept_top_k: int = 5, drafted: int | None = None) -> np.ndarray:
+                                     accept_top_k: int = 5, drafted: int | None = None,
+                                     ears_alpha: float = default("ears_alpha"),
+                                     top_gap: float = default("top_gap"),
+                                     end_set: np.ndarray | None = None,
+                                     end_tau: float = 2.0) -> np.ndarray:
     """Analytic law of the token emitted at a position (Hao & Mou 2026, arXiv:2604.04987; the mixture law of the emitted token):
 
     P(x) = sum_n p[n] (1[x = n] a_n + (1 - a_n) r_n[x]),  a_n = acceptance prob., r_n = residual law.
-    p: float [V] draft distribution, or None with `drafted` for a one-hot drafter.
+    p: float [V] draft distribution, or None with `drafted` for a one-hot drafter. Cactus with
+    ``end_set`` (bool [V]): at the budget ``protected_delta`` picks.
     """
+    if method == "cactus" and end_set is not None:
+        delta = protected_delta(p, q, delta, solver, end_set, end_tau, top_gap, drafted)
     V = q.shape[0]
     q = q.astype(np.float64)
     if p is None:
@@ -316,7 +348,7 @@ def emitted_first_token_distribution(p: np.ndarray | None, q: np.ndarray, method
     out = np.zeros(V)
     for n in np.nonzero(p > 0)[0]:
         if method in ("sps", "cactus", "greedy"):
-            h = target(q, n, method, delta, solver)
+            h = target(q, n, method, delta, solver, top_gap)
             a = min(1.0, h[n] / p[n])
             r = np.maximum(h - p, 0.0)
             r = r / r.sum() if r.sum() > 0 else h
@@ -334,6 +366,11 @@ def emitted_first_token_distribution(p: np.ndarray | None, q: np.ndarray, method
             a = ind[n]
             r = np.maximum(ind - p, 0.0)
             r = r / r.sum() if r.sum() > 0 else ind / ind.sum()
+        elif method == "ears":  # EARS (arXiv:2512.13194), never a token q excludes
+            thr = ears_alpha * (1.0 - float(np.float32(q.max())))
+            a = min(1.0, q[n] / p[n] + thr) if q[n] > 0 else 0.0
+            r = np.maximum(q - p, 0.0)
+            r = r / r.sum() if r.sum() > 0 else q
         else:
             raise ValueError(method)
         out += p[n] * a * np.eye(V)[n] + p[n] * (1.0 - a) * r
@@ -347,6 +384,23 @@ def kl(P: np.ndarray, q: np.ndarray) -> float:
     if np.any(q[on] == 0):
         return math.inf
     return float(np.sum(P[on] * np.log(P[on] / q[on])))
+
+
+END_TOLERANCE = 1e-6  # native/law.c CG_END_TOLERANCE: P(E) = q(E) ties stay on one side
+
+
+def protected_delta(p: np.ndarray | None, q: np.ndarray, delta: float, solver: str,
+                    end_set: np.ndarray, end_tau: float, top_gap: float = math.inf,
+                    drafted: int | None = None) -> float:
+    """Protected ends (native/law.c): where q(E) >= end_tau and q(E) > 0, delta only if the law
+    at delta keeps P(E) >= q(E) - END_TOLERANCE, else 0 (SpS); delta elsewhere."""
+    q64 = q.astype(np.float64)
+    q_end = float(q64[end_set].sum())
+    if not delta > 0 or not q_end > 0 or q_end < end_tau:
+        return delta
+    law = emitted_first_token_distribution(p, q, "cactus", delta, solver, drafted=drafted,
+                                           top_gap=top_gap)
+    return delta if law[end_set].sum() >= q_end - END_TOLERANCE else 0.0
 
 
 def output_budget_delta(p: np.ndarray | None, q: np.ndarray, delta: float, solver: str,

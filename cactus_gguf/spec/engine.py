@@ -40,6 +40,7 @@ from ..llama.context import DecodeCancelled
 from ..llama.devices import RpcServerLostError, check_servers
 from ..options import LoadOptions, Request, constraint_of, validate_pairing
 from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampling_params
+from ..sampling.native import pack_allowed
 from ..sampling.constraints import Constraint, tokenizer_for
 from ..stats import GenerationResult
 from ..text import render_chat
@@ -48,7 +49,7 @@ from ..registry.cache import cache_dir
 from .costs import SlowStepWatch, forward_costs
 from .policy import CostAwareDraftLength, FixedDraftLength, ForwardCosts
 from .session import Chunk, Session
-from .vocab import check_vocab_compatible
+from .vocab import check_vocab_compatible, end_set, token_pieces
 
 __all__ = ["Engine", "Stream", "Chunk"]
 
@@ -198,6 +199,8 @@ class Engine:
         self.probe: dict | None = None  # how forward_costs got them
         self._slow_steps = SlowStepWatch(self.verifier.n_threads)  # steps far above those costs
         self._grammar_tokenizer = None  # llguidance's view of the vocabulary: on first use
+        self._pieces: list[str] | None = None  # every id's text: on first use (protected ends)
+        self._end_masks: dict[tuple[str, ...], np.ndarray] = {}  # packed end sets by stop strings
 
     # -- lifetime ----------------------------------------------------------------------------------
 
@@ -341,7 +344,7 @@ class Engine:
                 f"the prompt is {len(tokens)} tokens and {{n_ctx}} is {ver.n_ctx}: raise {{n_ctx}} "
                 f"above {len(tokens)} or shorten the prompt by {len(tokens) - ver.n_ctx + 1} "
                 "tokens", param="n_ctx")
-        acceptance = acceptance_params(req)
+        acceptance = acceptance_params(req, self._end_mask(req))
         drafter = None
         if acceptance is not None:
             if req.drafter == "ngram":
@@ -363,6 +366,22 @@ class Engine:
                                 acceptance or AcceptanceParams(method="sps"), seed)
         return Session(tokens, req, seed, sampler, drafter, self._policy(req, drafter),
                        n_ctx=ver.n_ctx, constraint=self._constraint(req), should_stop=cancel)
+
+    def _end_mask(self, req: Request) -> np.ndarray | None:
+        """The packed end set (uint32 [ceil(V / 32)]) of a Cactus request with ``protect_ends``:
+        end-of-generation tokens and the starts of its stop strings (spec/vocab.py); None when
+        the request does not protect ends. Built once per set of stop strings."""
+        if req.method != "cactus" or req.protect_ends == "off":
+            return None
+        ver = self._live()
+        key = tuple(req.stop)
+        with self._lock:
+            if key not in self._end_masks:
+                if self._pieces is None:
+                    self._pieces = token_pieces(ver.model)
+                self._end_masks[key] = pack_allowed(end_set(ver.model, self._pieces, key,
+                                                            ver.n_vocab))
+            return self._end_masks[key]
 
     def _constraint(self, req: Request) -> Constraint | None:
         """The grammar state of a constrained request (grammar, json_schema, json_object)."""

@@ -1,10 +1,38 @@
-"""Can this draft speculate for this verifier? Their tokenizers must agree id for id."""
+"""The vocabulary: can this draft speculate for this verifier (their tokenizers must agree id for
+id), and which ids end an answer (the end set of protected ends)."""
 from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
 
 from ..errors import InputError
 from ..llama import Model
 
-__all__ = ["VocabMismatchError", "check_vocab_compatible"]
+__all__ = ["VocabMismatchError", "check_vocab_compatible", "token_pieces", "end_set"]
+
+
+def token_pieces(model: Model) -> list[str]:
+    """Every id's text piece, decoded as UTF-8 (invalid bytes replaced): str [V]."""
+    return [model.token_to_piece(t).decode("utf-8", "replace") for t in range(model.n_vocab)]
+
+
+def end_set(model: Model, pieces: Sequence[str], stops: Sequence[str], n_vocab: int) -> np.ndarray:
+    """The ids that end an answer: bool [n_vocab], True for end-of-generation tokens and for the
+    tokens that start a stop string (a piece, with or without its leading whitespace, that is a
+    prefix of a stop string or begins with one: for the stop "```", "`", "``", "```", "\n```"
+    and "```\n"). The set protected ends guard (``--protect-ends``): ending is emitting one of them.
+    ``pieces``: :func:`token_pieces` of ``model``; ids past them (padding) are never ends."""
+    mask = np.zeros(n_vocab, dtype=bool)
+    for t in range(min(n_vocab, len(pieces))):
+        if model.is_eog(t):
+            mask[t] = True
+            continue
+        for text in {pieces[t], pieces[t].lstrip()} - {""}:
+            if any(s.startswith(text) or text.startswith(s) for s in stops if s):
+                mask[t] = True
+                break
+    return mask
 
 # token attributes (llama.h enum llama_token_attr) that mark ids no text ever maps to
 _ATTR_UNUSED = 1 << 1
