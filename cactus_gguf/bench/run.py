@@ -384,12 +384,12 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
         if plan.warmup:  # first decodes page the weights in and size llama.cpp's buffers
             say("warming up")
             warm = [c for c in plan.configs if c["drafter"] in MODEL_DRAFTERS][:1] + plan.configs[:1]
+            warm_n = min(16, plan.n_predict) if plan.n_predict > 0 else 16  # -n -1: unbounded
             for c in warm:
-                engine.generate(first_tokens, request_for(plan.base, c),
-                                n_predict=min(16, plan.n_predict))
+                engine.generate(first_tokens, request_for(plan.base, c), n_predict=warm_n)
             if "draft" in engines:
                 engines["draft"].generate(first_tokens, plan.base.replace(method="none"),
-                                          n_predict=min(16, plan.n_predict))
+                                          n_predict=warm_n)
         probe = None
         if any(c["k"] == "auto" for c in plan.configs):  # -k auto's cost model, before any run
             engine.forward_costs(plan.base.k_max)

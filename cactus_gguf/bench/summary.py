@@ -143,7 +143,9 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
     e2e = {cid: {r["prompt"]: _end_to_end(r) for r in rs} for cid, rs in by_cfg.items()}
     ttft = {cid: {r["prompt"]: r.get("first_token_seconds", 0.0) for r in rs}
             for cid, rs in by_cfg.items()}
-    sps_ids = {c["k"]: c["id"] for c in configs if c["method"] == "sps"}
+    # sps at the same k and under the same constraint (a structured run has both)
+    sps_ids = {(c["k"], bool(c.get("constrained"))): c["id"] for c in configs
+               if c["method"] == "sps"}
     first_sps = next(iter(sps_ids.values()), None)
     out = []
     for c in configs:
@@ -157,7 +159,10 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
         grammar_s = sum(r.get("grammar_seconds", 0.0) for r in rs)
         dec = tot["decode_seconds"]
         scored = [r for r in rs if r.get("passed") is not None]
-        sps_id = sps_ids.get(c["k"], first_sps) if c["method"] != "sps" else None
+        sps_id = (sps_ids.get((c["k"], bool(c.get("constrained"))),
+                              next((v for (k, con), v in sps_ids.items()
+                                    if con == bool(c.get("constrained"))), first_sps))
+                  if c["method"] != "sps" else None)
         s = {
             "config": c["id"], "label": c["label"], "method": c["method"], "k": c["k"],
             "delta": c["delta"], "budget": c.get("budget"), "drafter": c["drafter"],
