@@ -475,3 +475,22 @@ def test_family_at_delta_runs_one_delta_with_its_solver():
     for bad in ("sps@1", "cactus@x", "cactus@-1"):
         with pytest.raises(InputError, match="family@D"):
             bench.config_grid((bad,), (1.0,), (4,))
+
+
+def test_the_families_that_keep_answers_set_their_rule():
+    from cactus_gguf.options import Request
+
+    configs = bench.config_grid(("none", "draft", "cactus", "cactus-ends", "ears"), (1.0,), (4,))
+    assert [c["id"] for c in configs] == ["none", "draft", "cactus-d1-k4", "cactus-ends-d1-k4",
+                                          "ears-k4"]
+    assert [c.get("decoder", "verifier") for c in configs[:2]] == ["verifier", "draft"]
+    assert bench.grid.needs_draft_model("draft") and not bench.grid.needs_draft_model("none")
+    base = Request()
+    by_id = {c["id"]: bench.request_for(base, c) for c in configs}
+    assert by_id["cactus-ends-d1-k4"].protect_ends == bench.grid.PROTECT_ENDS
+    assert by_id["cactus-d1-k4"].protect_ends == "off"
+    assert by_id["ears-k4"].method == "ears" and by_id["draft"].method == "none"
+    # the base request's threshold is the family's
+    ends = bench.request_for(base.replace(protect_ends=0.3), configs[3])
+    assert ends.protect_ends == 0.3 and ends.delta == 1.0
+

@@ -31,7 +31,12 @@ FAMILIES: dict[str, dict] = {
     # Cactus with the exact binary-KL solver (the others use --solver, Taylor by default)
     "cactus-exact": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
                      "solver": "exact"},
+    # Cactus with protected ends at the base request's --protect-ends (PROTECT_ENDS when that is
+    # off; the other families run the base request's, off by default)
+    "cactus-ends": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
+                    "protect_ends": True},
     "typical": {"acceptance": "typical", "drafter": "model", "per_delta": False},
+    "ears": {"acceptance": "ears", "drafter": "model", "per_delta": False},
     "topk": {"acceptance": "topk", "drafter": "model", "per_delta": False},
     "ngram": {"acceptance": "sps", "drafter": "ngram", "per_delta": False},  # lossless lookup
     "ngram-cactus": {"acceptance": "cactus", "drafter": "ngram", "per_delta": True},
@@ -39,6 +44,7 @@ FAMILIES: dict[str, dict] = {
     "hybrid": {"acceptance": "cactus", "drafter": "hybrid", "per_delta": False},
 }
 METHODS = tuple(FAMILIES)
+PROTECT_ENDS = 0.1  # cactus-ends's threshold when the base request does not set one
 
 
 def default_methods(has_draft_model: bool = True) -> tuple[str, ...]:
@@ -124,6 +130,8 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
                       "budget": fam.get("budget", "target") if fam["per_delta"] else None}
             if fam.get("solver"):
                 common["solver"] = fam["solver"]
+            if fam.get("protect_ends"):
+                common["protect_ends"] = True
             if fam["per_delta"]:
                 for d in (deltas if only is None else (only,)):
                     out.append({"id": f"{m}-d{_fmt_num(d)}-k{k}",
@@ -158,6 +166,9 @@ def request_for(base, cfg: dict, json_schema: str | None = None):
         changes["budget"] = cfg["budget"]
     if cfg.get("solver"):
         changes["solver"] = cfg["solver"]
+    if cfg.get("protect_ends"):
+        changes["protect_ends"] = (base.protect_ends if base.protect_ends != "off"
+                                   else PROTECT_ENDS)
     return base.replace(**changes)
 
 
