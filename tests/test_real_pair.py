@@ -73,7 +73,8 @@ def test_cli_run_prints_text_and_summary(qwen_pair):
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.strip()) > 40
     summary = r.stderr.strip().splitlines()[-1]
-    assert summary.startswith("cactus-gguf: 64 tokens in") and "tok/s" in summary and "seed 3" in summary
+    assert summary.startswith("cactus-gguf: answer ") and " s end to end (" in summary
+    assert " | 64 tokens in " in summary and "tok/s" in summary and "seed 3" in summary
 
 
 def test_cli_json(qwen_pair):

@@ -378,7 +378,8 @@ def test_real_pair_runs_on_this_machine(qwen_pair):
                 "-k", "4", "-t", "1", timeout=300)
     assert r.returncode == 0, (r.returncode, r.stderr)
     assert "return" in r.stdout
-    assert r.stderr.strip().splitlines()[-1].startswith("cactus-gguf: 8 tokens in")
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("cactus-gguf: answer ") and " | 8 tokens in " in last, last
 
 
 def test_prompt_with_undecodable_bytes_is_refused_before_loading():
