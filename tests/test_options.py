@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -58,7 +59,53 @@ def test_api_records_take_their_defaults_from_the_schema():
     for name in ("n_ctx", "n_batch", "n_threads", "flash_attn"):
         assert getattr(ContextOptions(), name) == getattr(lo, name) == options.default(name)
     assert ModelOptions().n_gpu_layers == lo.n_gpu_layers
-    assert {f for f in r.__dataclass_fields__} == {o.name for o in options.options_in("request")}
+    for record in (SamplingParams, AcceptanceParams, ContextOptions):  # declared with opt(name)
+        for f in dataclasses.fields(record):
+            o = options.option_of(f)
+            assert o is None and f.name in ("end_tau", "end_mask") or o is options.BY_NAME[f.name]
+
+
+@pytest.mark.parametrize("cls, scope", [(options.Request, "request"),
+                                        (options.LoadOptions, "load")])
+def test_each_option_of_a_scope_is_a_field_of_its_record_and_nothing_else_is(cls, scope):
+    fields = dataclasses.fields(cls)
+    # both ways, in table order (a field added on one side only fails)
+    assert [f.name for f in fields] == [o.name for o in options.options_in(scope)]
+    made = cls()
+    for f in fields:
+        o = options.option_of(f)
+        assert o is options.BY_NAME[f.name], f.name  # the field carries its own Option
+        assert f.default == (tuple(o.default) if o.multiple else o.default), f.name
+        assert getattr(made, f.name) == f.default, f.name
+        assert o.type.__name__ in str(f.type), (f.name, f.type)  # the annotation names the type
+    assert cls._SCOPE == scope
+
+
+def test_records_refuse_unknown_names_and_validate_each_field():
+    with pytest.raises(InputError) as e:
+        options.Request(deltaa=1.0)
+    assert (str(e.value), e.value.param) == ("unknown request option 'deltaa'", "deltaa")
+    with pytest.raises(InputError) as e:
+        options.LoadOptions().replace(n_ctxx=4)
+    assert (str(e.value), e.value.param) == ("unknown load option 'n_ctxx'", "n_ctxx")
+    with pytest.raises(TypeError):
+        options.Request(128)  # keyword-only, as the option names are the API
+    with pytest.raises(InputError) as e:
+        options.Request().replace(delta=-1.0)
+    assert e.value.param == "delta"
+    assert options.Request(stop="END").stop == ("END",)
+    assert options.Request(stop=["a", "b"]).stop == ("a", "b")
+    assert options.Request(stop=None).stop == ()
+    assert options.Request(json_schema={"type": "object"}).json_schema == '{"type":"object"}'
+    r = options.Request(json_object=True).replace(grammar='root ::= "x"')
+    assert (r.json_object, r.grammar) == (False, 'root ::= "x"')  # one constraint replaces another
+
+
+def test_k_zero_and_method_none_do_not_speculate():
+    assert options.Request().speculates and options.Request(k="auto", method="sps").speculates
+    assert not options.Request(k=0).speculates  # as llama.cpp's --draft-max 0
+    assert not options.Request(method="none", k=4).speculates
+    options.validate_pairing(options.LoadOptions(n_batch=1), options.Request(k=0))
 
 
 def test_a_pair_recommendation_applies_to_run_and_bench_alike():

@@ -21,7 +21,7 @@ import llama_cpp
 from llama_cpp import _internals
 
 from ..errors import CapacityError, EngineError, InputError
-from ..options import check_value, default
+from ..options import check_fields, opt
 from . import devices, log
 from .hw import default_threads, physical_memory
 from .model import ModelLoadError, Model, ModelOptions
@@ -55,14 +55,12 @@ class ContextOptions:
     The allowed values are those of the options of the same names (options.py).
     """
 
-    n_ctx: int = default("n_ctx")
-    n_batch: int = default("n_batch")
-    n_threads: int | None = default("n_threads")
-    flash_attn: str = default("flash_attn")
+    n_ctx: int = opt("n_ctx")
+    n_batch: int = opt("n_batch")
+    n_threads: int | None = opt("n_threads")
+    flash_attn: str = opt("flash_attn")
 
-    def __post_init__(self) -> None:
-        for name in ("n_ctx", "n_batch", "n_threads", "flash_attn"):
-            check_value(name, getattr(self, name))
+    __post_init__ = check_fields
 
 
 _FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,

@@ -1,23 +1,21 @@
 """The two parameter sets the native helper takes, built from a :class:`~cactus_gguf.options.Request`.
 
-Their fields are options of ``options.py`` (defaults, allowed values and messages come from there);
-these frozen records are what crosses into C, so a per-token call never re-validates anything.
+Their fields are options of ``options.py``, declared with ``opt(name)`` (defaults, allowed values
+and messages come from the table) and filled from the Request's fields of the same names; these
+frozen records are what crosses into C (``native.c_params``, by field name), so a per-token call
+never re-validates anything.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
-from ..options import BUDGETS, METHODS, SOLVERS, check_value, default
+from ..options import BUDGETS, METHODS, SOLVERS, check_fields, check_value, opt, option_of
 
 __all__ = ["SamplingParams", "AcceptanceParams", "METHODS", "SOLVERS", "BUDGETS", "sampling_params",
            "acceptance_params"]
-
-
-def _validate(record) -> None:
-    for f in fields(record):
-        check_value(f.name, getattr(record, f.name))
 
 
 @dataclass(frozen=True)
@@ -36,12 +34,12 @@ class SamplingParams:
     Raises InputError (a ValueError) on an out-of-range value.
     """
 
-    temperature: float = default("temperature")
-    top_k: int = default("top_k")
-    top_p: float = default("top_p")
-    min_p: float = default("min_p")
+    temperature: float = opt("temperature")
+    top_k: int = opt("top_k")
+    top_p: float = opt("top_p")
+    min_p: float = opt("min_p")
 
-    __post_init__ = _validate
+    __post_init__ = check_fields
 
 
 @dataclass(frozen=True)
@@ -70,23 +68,21 @@ class AcceptanceParams:
     Every field is validated whatever the method. Raises InputError on an out-of-range value.
     """
 
-    method: str = default("method")
-    delta: float = default("delta")
-    solver: str = default("solver")
-    typical_epsilon: float = default("typical_epsilon")
-    typical_alpha: float = default("typical_alpha")
-    accept_top_k: int = default("accept_top_k")
-    budget: str = default("budget")
-    output_kl: bool = default("output_kl")
-    ears_alpha: float = default("ears_alpha")
-    top_gap: float = default("top_gap")
+    method: str = opt("method")
+    delta: float = opt("delta")
+    solver: str = opt("solver")
+    typical_epsilon: float = opt("typical_epsilon")
+    typical_alpha: float = opt("typical_alpha")
+    accept_top_k: int = opt("accept_top_k")
+    budget: str = opt("budget")
+    output_kl: bool = opt("output_kl")
+    ears_alpha: float = opt("ears_alpha")
+    top_gap: float = opt("top_gap")
     end_tau: float = 2.0  # > 1: no position is protected
     end_mask: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            if f.name not in ("end_tau", "end_mask"):  # not options: checked here
-                check_value(f.name, getattr(self, f.name))
+        check_fields(self)  # the option fields; end_tau and end_mask are not options: checked here
         if not self.end_tau >= 0.0:
             raise ValueError(f"end_tau must be a number >= 0, got {self.end_tau!r}")
         m = self.end_mask
@@ -99,21 +95,24 @@ class AcceptanceParams:
             raise ValueError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
 
 
+def _from_request(record_type: type, request) -> dict[str, Any]:
+    """The Request's values of ``record_type``'s option fields, by name."""
+    return {f.name: getattr(request, f.name) for f in fields(record_type)
+            if option_of(f) is not None}
+
+
 def sampling_params(request) -> SamplingParams:
     """The warps of a Request."""
-    return SamplingParams(temperature=request.temperature, top_k=request.top_k,
-                          top_p=request.top_p, min_p=request.min_p)
+    return SamplingParams(**_from_request(SamplingParams, request))
 
 
 def acceptance_params(request, end_mask: np.ndarray | None = None) -> AcceptanceParams | None:
-    """The acceptance rule of a Request; None for method "none" (the verifier alone).
-    ``end_mask``: the packed end set (AcceptanceParams) for ``protect_ends``; None: unprotected."""
-    if request.method == "none":
+    """The acceptance rule of a Request; None when it does not speculate (method "none" or k = 0:
+    the verifier alone). ``end_mask``: the packed end set (AcceptanceParams) for
+    ``protect_ends``; None: unprotected."""
+    if not request.speculates:
         return None
-    return AcceptanceParams(method=request.method, delta=request.delta, solver=request.solver,
-                            budget=request.budget, output_kl=request.output_kl,
-                            typical_epsilon=request.typical_epsilon,
-                            typical_alpha=request.typical_alpha, accept_top_k=request.accept_top_k,
-                            ears_alpha=request.ears_alpha, top_gap=request.top_gap,
-                            **({} if request.protect_ends == "off" or end_mask is None else
-                               {"end_tau": request.protect_ends, "end_mask": end_mask}))
+    protected = request.protect_ends != "off" and end_mask is not None
+    return AcceptanceParams(**_from_request(AcceptanceParams, request),
+                            **({"end_tau": request.protect_ends, "end_mask": end_mask}
+                               if protected else {}))
