@@ -522,13 +522,8 @@ class _OptionRecord:
         """Rules between fields (after each field is checked on its own)."""
 
     def replace(self, **changes: Any):
-        """A copy with ``changes`` applied (validated). Raises InputError for an unknown name.
-        Setting one output constraint (grammar, json_schema, json_object) clears the others, so
-        a request's constraint replaces a default one."""
+        """A copy with ``changes`` applied (validated). Raises InputError for an unknown name."""
         _refuse_unknown(type(self), changes)
-        if self._SCOPE == "request" and any(changes.get(n) not in (None, False)
-                                            for n in CONSTRAINTS):
-            changes = {**{n: BY_NAME[n].default for n in CONSTRAINTS}, **changes}
         return dataclasses.replace(self, **changes)
 
 
@@ -582,6 +577,14 @@ class Request(_OptionRecord):
 
     def _check(self) -> None:
         _check_request(self)
+
+    def replace(self, **changes: Any) -> "Request":
+        """A copy with ``changes`` applied (validated). Raises InputError for an unknown name.
+        Setting one output constraint (grammar, json_schema, json_object) clears the others, so
+        a request's constraint replaces a default one."""
+        if any(changes.get(n) not in (None, False) for n in CONSTRAINTS):
+            changes = {**{n: BY_NAME[n].default for n in CONSTRAINTS}, **changes}
+        return super().replace(**changes)
 
     @property
     def speculates(self) -> bool:
