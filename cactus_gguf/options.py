@@ -480,14 +480,14 @@ def check_fields(record) -> None:
 
 def _fields_doc(scope: str) -> str:
     """The fields part of a record's docstring (indented as the docstring it is appended to)."""
-    lines = ["", "", "    Fields (name: type = default; allowed values; meaning), from ``OPTIONS``:"]
+    lines = ["", "", "    Fields (name: type = default; allowed values; meaning), from OPTIONS:"]
     for o in options_in(scope):
         allowed = (", ".join(o.choices) if o.choices else o.range.describe() if o.range else "")
         kind = " | ".join((o.type.__name__,) + tuple(repr(w) for w in o.words))
         lines.append(f"        {o.name}: {kind} = {o.default!r}"
                      + (f"; {allowed}" if allowed else "") + f"; {o.help}")
-    lines += ["", "    Raises InputError (param = the field) for a value out of range or an unknown "
-              "name.", "    "]
+    lines += ["", "    Raises InputError (param = the field) for a value out of range or an "
+              "unknown name.", "    "]
     return "\n".join(lines)
 
 
