@@ -5,7 +5,7 @@ help text, command-line flags (llama.cpp's names where llama.cpp has the option)
 registry pair may recommend a value for it. Everything else is derived from this table:
 
 - :class:`LoadOptions` (fixed for an engine's life) and :class:`Request` (one generation), the frozen
-  dataclasses of the Python API, written out field by field (``delta: float = opt("delta")``: the
+  dataclasses of the Python API (records.py, re-exported here), written out field by field (``delta: float = opt("delta")``: the
   field's default and its Option, from which the validation reads the allowed values), and the
   parameter sets below them (sampling/params.py, llama/context.py), declared the same way;
 - the ``cactus-gguf run`` / ``bench`` command-line options (``cli/``) and their ``--help``;
@@ -21,10 +21,9 @@ grammar is compiled through sampling/constraints.py, imported when one is given)
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from .errors import InputError
 from .values import (_endpoints, _nonempty, _tensor_split, normalize_json_schema,
@@ -453,230 +452,6 @@ def check_value(name: str, value: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------
-# The dataclasses the API uses: one field per option of the scope, the Option in its metadata
-# ------------------------------------------------------------------------------------------------
-
-def opt(name: str) -> Any:
-    """The dataclass field of option ``name``: its default (a tuple for a multiple-valued option)
-    and the Option itself as ``metadata["option"]``, where validation finds it. Every record
-    whose fields are options (Request, LoadOptions, and the parameter sets below them) declares
-    them with this, so the table stays the one declaration."""
-    o = BY_NAME[name]
-    return field(default=tuple(o.default) if o.multiple else o.default, metadata={"option": o})
-
-
-def option_of(f: dataclasses.Field) -> Option | None:
-    """The Option a dataclass field declared with :func:`opt` carries, else None."""
-    return f.metadata.get("option")
-
-
-def check_fields(record) -> None:
-    """Validate every field of ``record`` that carries an Option (:func:`opt`), as
-    :func:`check_value`; fields without one are the record's own business."""
-    for f in dataclasses.fields(record):
-        if option_of(f) is not None:
-            check_value(f.name, getattr(record, f.name))
-
-
-def _fields_doc(scope: str) -> str:
-    """The fields part of a record's docstring (indented as the docstring it is appended to)."""
-    lines = ["", "", "    Fields (name: type = default; allowed values; meaning), from OPTIONS:"]
-    for o in options_in(scope):
-        allowed = (", ".join(o.choices) if o.choices else o.range.describe() if o.range else "")
-        kind = " | ".join((o.type.__name__,) + tuple(repr(w) for w in o.words))
-        lines.append(f"        {o.name}: {kind} = {o.default!r}"
-                     + (f"; {allowed}" if allowed else "") + f"; {o.help}")
-    lines += ["", "    Raises InputError (param = the field) for a value out of range or an "
-              "unknown name.", "    "]
-    return "\n".join(lines)
-
-
-class _OptionRecord:
-    """What Request and LoadOptions share: keyword-only construction that refuses an unknown name
-    with InputError (``param`` = the name), each field normalized and checked against its Option
-    (:func:`opt`), and ``replace()``. ``_SCOPE`` names the table scope the fields come from
-    (tests/test_options.py checks the two agree)."""
-
-    _SCOPE: ClassVar[str]
-
-    def __new__(cls, *args: Any, **values: Any):
-        # Before the dataclass __init__, so an unknown name is an InputError, not a TypeError.
-        _refuse_unknown(cls, values)
-        return super().__new__(cls)
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            o = option_of(f)
-            value = getattr(self, f.name)
-            if o.normalize is not None:
-                value = o.normalize(value)
-                object.__setattr__(self, f.name, value)
-            if o.multiple:  # one string is one value (as llama-cpp-python's stop); None is none
-                value = ((value,) if isinstance(value, str) else () if value is None
-                         else tuple(value) if isinstance(value, list) else value)
-                object.__setattr__(self, f.name, value)
-            check_value(o.name, value)
-        self._check()
-
-    def _check(self) -> None:
-        """Rules between fields (after each field is checked on its own)."""
-
-    def replace(self, **changes: Any):
-        """A copy with ``changes`` applied (validated). Raises InputError for an unknown name."""
-        _refuse_unknown(type(self), changes)
-        return dataclasses.replace(self, **changes)
-
-
-def _refuse_unknown(cls: type, values: Mapping[str, Any]) -> None:
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-        raise InputError(f"unknown {cls._SCOPE} option {unknown[0]!r}", param=unknown[0])
-
-
-@dataclass(frozen=True, kw_only=True)
-class Request(_OptionRecord):
-    """The settings of one generation: sampling warps, acceptance rule, draft length and drafter,
-    n_predict, stop strings, seed. Frozen; ``replace(**changes)`` derives a new one. Units: delta
-    in nats; seed < 0 draws a random seed. Each field is the option of the same name in
-    ``OPTIONS`` (default, allowed values, help)."""
-
-    _SCOPE: ClassVar[str] = "request"
-
-    n_predict: int = opt("n_predict")
-    k: int | str = opt("k")  # an int or "auto"
-    k_max: int = opt("k_max")
-    method: str = opt("method")
-    delta: float = opt("delta")
-    solver: str = opt("solver")
-    budget: str = opt("budget")
-    output_kl: bool = opt("output_kl")
-    typical_epsilon: float = opt("typical_epsilon")
-    typical_alpha: float = opt("typical_alpha")
-    accept_top_k: int = opt("accept_top_k")
-    ears_alpha: float = opt("ears_alpha")
-    top_gap: float = opt("top_gap")
-    protect_ends: float | str = opt("protect_ends")  # a number or "off"
-    drafter: str = opt("drafter")
-    ngram_max: int = opt("ngram_max")
-    ngram_min: int = opt("ngram_min")
-    draft_window: int = opt("draft_window")
-    draft_min: int = opt("draft_min")
-    draft_p_min: float = opt("draft_p_min")
-    temperature: float = opt("temperature")
-    top_k: int = opt("top_k")
-    top_p: float = opt("top_p")
-    min_p: float = opt("min_p")
-    seed: int = opt("seed")
-    stop: tuple[str, ...] = opt("stop")  # also given as one str, a list or None
-    grammar: str | None = opt("grammar")
-    json_schema: str | None = opt("json_schema")  # also given as a dict; kept as JSON text
-    json_object: bool = opt("json_object")
-    cache_prompt: bool = opt("cache_prompt")
-
-    __doc__ += _fields_doc("request")
-
-    def _check(self) -> None:
-        _check_request(self)
-
-    def replace(self, **changes: Any) -> "Request":
-        """A copy with ``changes`` applied (validated). Raises InputError for an unknown name.
-        Setting one output constraint (grammar, json_schema, json_object) clears the others, so
-        a request's constraint replaces a default one."""
-        if any(changes.get(n) not in (None, False) for n in CONSTRAINTS):
-            changes = {**{n: BY_NAME[n].default for n in CONSTRAINTS}, **changes}
-        return super().replace(**changes)
-
-    @property
-    def speculates(self) -> bool:
-        """Whether a drafter proposes tokens for the verifier to accept: False for method "none"
-        and for k = 0 (no speculation, as llama.cpp's ``--draft-max 0``: the verifier alone)."""
-        return self.method != "none" and self.k != 0
-
-    @property
-    def draft_ceiling(self) -> int:
-        """The longest draft a step may make: k, or k_max under ``k="auto"``."""
-        return self.k_max if self.k == "auto" else self.k
-
-    @property
-    def draft_ceiling_option(self) -> str:
-        """The option that sets draft_ceiling (for error messages)."""
-        return "k_max" if self.k == "auto" else "k"
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoadOptions(_OptionRecord):
-    """What an engine is loaded with: context size, batch size, threads, GPU offload and flash
-    attention of the verifier (and the draft). Each field is the option of the same name in
-    ``OPTIONS``."""
-
-    _SCOPE: ClassVar[str] = "load"
-
-    n_ctx: int = opt("n_ctx")
-    n_batch: int = opt("n_batch")
-    n_threads: int | None = opt("n_threads")
-    n_gpu_layers: int = opt("n_gpu_layers")
-    n_gpu_layers_draft: int = opt("n_gpu_layers_draft")
-    flash_attn: str = opt("flash_attn")
-    repack: bool | None = opt("repack")
-    rpc: str | None = opt("rpc")  # normalized to "HOST:PORT,..."
-    rpc_draft: str | None = opt("rpc_draft")
-    device: str | None = opt("device")
-    device_draft: str | None = opt("device_draft")
-    tensor_split: str | None = opt("tensor_split")
-
-    __doc__ += _fields_doc("load")
-
-
-def _check_request(r: Request) -> None:
-    if not r.speculates and r.method != "none":
-        # k = 0: ``speculates`` says so; method is still set to "none" because the engine, the
-        # run planner, the CLI, the server and the reported settings ("method": "none" for -k 0)
-        # read ``method == "none"`` as "the verifier alone". Once they all ask ``speculates``,
-        # this line goes and a request keeps the method it was given.
-        object.__setattr__(r, "method", "none")
-    if r.draft_min > r.draft_ceiling:
-        name = r.draft_ceiling_option
-        raise InputError(f"{{draft_min}} must be in [0, {{{name}}}={r.draft_ceiling}], got "
-                         f"{r.draft_min}", param="draft_min", options=(name,))
-    if r.ngram_min > r.ngram_max:
-        raise InputError(f"n-gram sizes must satisfy {{ngram_min}} <= {{ngram_max}}, got "
-                         f"{r.ngram_min} > {r.ngram_max}", param="ngram_min", options=("ngram_max",))
-    constraint_of(r)  # compiles (and caches) the grammar: a bad one is refused before any load
-
-
-CONSTRAINTS = ("grammar", "json_schema", "json_object")  # the Request fields that constrain output
-
-
-def constraint_of(r):
-    """The request's output constraint as a compiled, validated GrammarSpec
-    (sampling/constraints.py), or None. Raises InputError for two constraints at once or an
-    invalid grammar / schema (llguidance's reason)."""
-    given = [name for name in CONSTRAINTS if getattr(r, name) not in (None, False)]
-    if not given:
-        return None
-    if len(given) > 1:
-        raise InputError(f"give one output constraint, not {{{given[0]}}} and {{{given[1]}}}",
-                         param=given[1], options=(given[0],))
-    from .sampling.constraints import grammar_spec
-
-    return grammar_spec(given[0], getattr(r, given[0]) if given[0] != "json_object" else "")
-
-
-def validate_pairing(load, request) -> None:
-    """Checks that need both a load option and a request option.
-
-    The k + 1 verified tokens go in one ``llama_decode``, so k (``k_max`` under ``k="auto"``)
-    must be below n_batch whenever the request speculates (with method none or k = 0 nothing is
-    drafted). Raises InputError (param "k" or "k_max").
-    """
-    name, k = request.draft_ceiling_option, request.draft_ceiling
-    if request.speculates and k >= load.n_batch > 0:
-        raise InputError(f"{{{name}}}={k} must be below {{n_batch}}={load.n_batch}: the k+1 "
-                         f"verified tokens go in one llama_decode (lower {{{name}}} or raise "
-                         "{n_batch})", param=name, options=(name, "n_batch"))
-
-
-# ------------------------------------------------------------------------------------------------
 # The README flag table
 # ------------------------------------------------------------------------------------------------
 
@@ -711,6 +486,9 @@ def markdown_table(command: str = "run") -> str:
             rows.append(f"| {_flag_cell(o)} | {_shown_default(o, command)} | {o.help} |")
     return "\n".join(rows) + "\n"
 
+
+from .records import (CONSTRAINTS, LoadOptions, Request, check_fields,  # noqa: E402
+                      constraint_of, opt, option_of, validate_pairing)
 
 if __name__ == "__main__":  # python -m cactus_gguf.options [COMMAND]: print the flag table
     import sys
