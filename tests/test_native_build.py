@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from system_packages import apt_install
+
 from cactus_gguf.sampling import _clib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,14 +41,7 @@ def public_functions() -> set[str]:
 def _ensure_tools() -> None:
     if shutil.which("clang") and shutil.which(MINGW):
         return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.fail("the build test needs Debian's clang and gcc-mingw-w64-x86-64: "
-                    "apt-get install clang gcc-mingw-w64-x86-64")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    cmd = ["apt-get", "install", "-y", "-q", "clang", "gcc-mingw-w64-x86-64"]
-    if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=True)
-        subprocess.run(cmd, env=env, capture_output=True, check=True)
+    apt_install("the build test", ["clang", "gcc-mingw-w64-x86-64"])
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ with apt-get), so the README's test command needs nothing else.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 
 import pytest
+
+from system_packages import apt_install
 
 from reliability_support import CHAT_TEMPLATE, EOS, write_llama
 from server_support import LiveServer
@@ -22,14 +22,7 @@ CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 def _ensure_chromium() -> None:
     if os.path.exists(CHROMIUM) and os.path.exists(DRIVER):
         return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.fail("the page test needs Debian's chromium and chromium-driver: "
-                    "apt-get install chromium chromium-driver")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    cmd = ["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"]
-    if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=True)
-        subprocess.run(cmd, env=env, capture_output=True, check=True)
+    apt_install("the page test", ["chromium", "chromium-driver"])
 
 
 @pytest.fixture(scope="module")
