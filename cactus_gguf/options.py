@@ -395,10 +395,10 @@ OPTIONS: tuple[Option, ...] = (
            commands=_BENCH),
     Option("limit", int, None, "use only the first N prompts", ("--limit",), scope="bench",
            range=Range(lo=1), optional=True, metavar="N", shown_default="all", commands=_BENCH),
-    Option("configs", str, None, "configurations: none, sps, cactus, cactus-output (δ bounds "
-           "the emitted tokens: `--budget output`), cactus-exact (the exact solver), typical, topk, "
-           "ngram, ngram-cactus, hybrid "
-           "(cactus with `--drafter hybrid`); "
+    Option("configs", str, None, "configurations: none, draft (the draft model alone), sps, "
+           "cactus, cactus-output (δ bounds the emitted tokens: `--budget output`), cactus-exact "
+           "(the exact solver), cactus-ends (cactus with `--protect-ends`, 0.1 unless set), "
+           "typical, ears, topk, ngram, ngram-cactus, hybrid (cactus with `--drafter hybrid`); "
            "`FAMILY@D` runs a Cactus family at δ = D only (`cactus-exact@1`)",
            ("--configs",), scope="bench", grid=True, optional=True,
            shown_default="none,sps,cactus,typical,ngram", commands=_BENCH),

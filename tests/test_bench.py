@@ -3,6 +3,7 @@ the statistics as pure functions with exact numbers, HumanEval pass@1 scoring, t
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -475,6 +476,17 @@ def test_family_at_delta_runs_one_delta_with_its_solver():
     for bad in ("sps@1", "cactus@x", "cactus@-1"):
         with pytest.raises(InputError, match="family@D"):
             bench.config_grid((bad,), (1.0,), (4,))
+    # a family@D ahead of any plain Cactus family needs no δ grid (it once raised KeyError)
+    assert [c["id"] for c in bench.config_grid(("sps", "cactus@1", "cactus-ends@1"), (), (4,))] \
+        == ["sps-k4", "cactus-d1-k4", "cactus-ends-d1-k4"]
+
+
+def test_configs_help_names_every_family():
+    from cactus_gguf.options import OPTIONS
+
+    text = next(o for o in OPTIONS if o.name == "configs").help
+    named = set(re.findall(r"[a-z][a-z-]*[a-z]", text))
+    assert set(bench.METHODS) - named == set()
 
 
 def test_the_families_that_keep_answers_set_their_rule():

@@ -110,7 +110,7 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
                          f"verifier alone is the none configuration), got {list(ks)}", param="k")
     if any(not (isinstance(d, (int, float)) and d >= 0) for d in deltas):
         raise InputError(f"delta values must be >= 0 nats, got {list(deltas)}")
-    if any(FAMILIES[m]["per_delta"] and "@" not in m for m in methods) and not deltas:
+    if any(FAMILIES[m]["per_delta"] and "@" not in m for m in methods if m in FAMILIES) and not deltas:
         raise InputError("cactus needs at least one delta")
     multi_k = len(ks) > 1
     out: list[dict] = []
