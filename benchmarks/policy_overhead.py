@@ -20,7 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from cactus_gguf.sampling import StepResult
+from cactus_gguf.spec.drafters import Draft
 from cactus_gguf.spec.policy import CostAwareDraftLength, ForwardCosts
+from cactus_gguf.stats import StepOutcome
 
 # seconds: this machine (2-core EPYC, the default pair, benchmarks/results/auto-humaneval) and a
 # GPU-like table where a batch is nearly free
@@ -38,23 +41,30 @@ def run(costs: dict, draft: float, k_max: int, steps: int, seed: int = 0) -> dic
         t0 = time.perf_counter()
         k = pol.draft_length(10_000)
         t_policy += time.perf_counter() - t0
+        ps = np.zeros(k, np.float32)
         n = 0
         for _ in range(k):
             p = float(rng.uniform(0.3, 1.0))
             row[0], row[1] = p, 1.0 - p
             t0 = time.perf_counter()
-            unsure = pol.too_unsure(row, 0)
-            go_on = not unsure and pol.more(n + 1)
+            unsure = pol.too_unsure(row)
+            if not unsure:
+                ps[n] = row[0]
+            go_on = not unsure and pol.more(ps[:n + 1])
             t_policy += time.perf_counter() - t0
             n += not unsure
             if not go_on:
                 break
+        proposal = (Draft(np.zeros(n, np.int32), np.zeros((n, len(row)), np.float32),
+                          ("model",) * n, ps[:n]) if n else Draft.empty())
         t0 = time.perf_counter()
-        kept = pol.keep(n) if n else 0
+        kept = pol.keep(proposal) if n else 0
         t_policy += time.perf_counter() - t0
         accepted = int(sum(rng.random(kept) < 0.8)) if kept else 0
+        outcome = StepOutcome(False, n, kept, StepResult(accepted, 0, 0, 0.0, 0.0), accepted,
+                              draft * n, pol.costs.verify(kept + 1), 0.0)
         t0 = time.perf_counter()
-        pol.observe(kept, accepted, draft * n, pol.costs.verify(kept + 1))
+        pol.observe(proposal, outcome)
         t_policy += time.perf_counter() - t0
         n_drafted_total += kept
     us = 1e6 * t_policy / steps

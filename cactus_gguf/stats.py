@@ -13,8 +13,37 @@ actually diverges; docs/maths.md, "The emitted law"). See README "--json".
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["GenerationStats", "GenerationResult"]
+if TYPE_CHECKING:
+    from .sampling.native import StepResult
+
+__all__ = ["StepOutcome", "GenerationStats", "GenerationResult"]
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one step did (spec/step.py): what :meth:`GenerationStats.add_step` folds in and the
+    draft-length policy learns from.
+
+    lookup: prompt lookup proposed the step's draft (counted before the grammar and the policy
+    shortened it); n_draft_forwards: draft-model forward passes the proposal took; n_drafted: the
+    drafts verified (the prefix the policy kept); verdict: the native helper's StepResult (AL,
+    the residual / bonus token, positions evaluated, KL figures; for a verifier-only step of a
+    request that does not speculate, AL 0 and the sampled token, no positions); n_used: the
+    accepted drafts the generation used (<= AL: an ending end-of-generation token counts, drafts
+    after a completed stop string do not). Seconds: drafting (with the policy's ``keep``), the
+    verifier's decode, acceptance and the grammar's commit.
+    """
+
+    lookup: bool
+    n_draft_forwards: int
+    n_drafted: int
+    verdict: StepResult
+    n_used: int
+    draft_seconds: float
+    verify_seconds: float
+    accept_seconds: float
 
 
 @dataclass
@@ -68,6 +97,24 @@ class GenerationStats:
     accept_seconds: float = 0.0
     decode_seconds: float = 0.0
     grammar_seconds: float = 0.0
+
+    def add_step(self, step: StepOutcome) -> None:
+        """Fold one step into the counters, timings and divergences."""
+        v = step.verdict
+        self.n_steps += 1
+        self.n_drafted += step.n_drafted
+        self.n_accepted += step.n_used
+        self.n_lookup_steps += step.lookup
+        self.n_draft_forwards += step.n_draft_forwards
+        self.n_evaluated += v.n_evaluated
+        self.kl_sum += v.kl_sum
+        self.kl_max = max(self.kl_max, v.kl_max)
+        self.output_kl_sum += v.output_kl_sum
+        self.output_kl_max = max(self.output_kl_max, v.output_kl_max)
+        self.delta_sum += v.delta_sum
+        self.draft_seconds += step.draft_seconds
+        self.verify_seconds += step.verify_seconds
+        self.accept_seconds += step.accept_seconds
 
     @property
     def mean_accepted_length(self) -> float:

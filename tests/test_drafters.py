@@ -20,16 +20,18 @@ WARPS = dict(temp=1.0, top_k=8, top_p=1.0, min_p=0.0)
 
 def test_ngram_lookup_proposes_what_followed_the_latest_match():
     d = NgramDrafter(n_max=3, n_min=1)
-    tokens = np.zeros(8, np.int32)
     history = [5, 6, 7, 8, 9, 1, 6, 7, 8, 2, 3, 6, 7]
     # longest suffix found earlier: [6, 7] at index 6 (the latest), followed by 8, 2, 3, 6
     # ([7] alone would also match, but the longer n-gram wins)
     policy = FixedDraftLength(4)
-    n = d.propose(history, 4, None, policy, None, tokens)
-    assert tokens[:n].tolist() == [8, 2, 3, 6]
-    assert d.propose([1, 2, 3], 4, None, policy, None, tokens) == 0  # no earlier occurrence
-    n = d.propose([4, 4, 4], 4, None, policy, None, tokens)  # [4, 4] at 0 is followed by one token
-    assert tokens[:n].tolist() == [4]
+    draft = d.propose(history, 4, None, policy)
+    assert draft.tokens.tolist() == [8, 2, 3, 6] and draft.tokens.dtype == np.int32
+    assert draft.sources == ("ngram",) * 4 and draft.lookup
+    assert draft.probs is None and draft.p is None and draft.n_forwards == 0  # p one-hot
+    assert len(d.propose([1, 2, 3], 4, None, policy)) == 0  # no earlier occurrence
+    draft = d.propose([4, 4, 4], 4, None, policy)  # [4, 4] at 0 is followed by one token
+    assert draft.tokens.tolist() == [4]
+    assert draft.prefix(0).tokens.tolist() == [] and not draft.prefix(0).lookup
 
 
 @pytest.mark.parametrize("method,delta", [("sps", 0.0), ("cactus", 1.0), ("topk", 0.0)])
@@ -39,9 +41,9 @@ def test_ngram_drafter_first_token_distribution(tiny_pair, method, delta):
     prompt = "the cat sat on the mat the cat sat on"
     with make_engine(ver, k=1, drafter="ngram", method=method, delta=delta, **WARPS) as dec:
         ids = dec.tokenize(prompt)
-        probe = np.zeros(1, np.int32)
-        assert NgramDrafter(3, 1).propose(ids, 1, None, FixedDraftLength(1), None, probe) == 1
-        drafted = int(probe[0])
+        probe = NgramDrafter(3, 1).propose(ids, 1, None, FixedDraftLength(1))
+        assert len(probe) == 1
+        drafted = int(probe.tokens[0])
         row = np.array(dec.verifier.decode(ids, 1)[0])
         q = NativeSampler(dec.verifier.n_vocab, SAMPLING, AcceptanceParams(), 0).warp(row)
         counts = np.zeros(len(q), np.int64)

@@ -6,15 +6,52 @@ import numpy as np
 import pytest
 
 from cactus_gguf.options import LoadOptions
+from cactus_gguf.sampling import StepResult
 from cactus_gguf.spec import Engine
 from cactus_gguf.spec.costs import forward_costs, probe_sizes
+from cactus_gguf.spec.drafters import Draft
 from cactus_gguf.spec.policy import AcceptanceModel, CostAwareDraftLength, ForwardCosts
+from cactus_gguf.stats import StepOutcome
 
 # This AMD EPYC machine, default pair (issue 11): verifier 33 ms for 1 token ... 222 ms for 17,
 # draft 19 ms per token.
 EPYC = {1: 0.033, 2: 0.051, 3: 0.067, 5: 0.110, 9: 0.185, 17: 0.222}
 # A GPU-like machine: the verifier's batch is nearly free, the draft cheap.
 GPU = {1: 0.020, 2: 0.0202, 5: 0.021, 9: 0.022, 17: 0.024}
+
+
+def model_draft(ps) -> Draft:
+    """A draft model's proposal whose tokens had draft probabilities ``ps`` (float32, as drawn)."""
+    n = len(ps)
+    return Draft(np.zeros(n, np.int32), np.zeros((n, 2), np.float32), ("model",) * n,
+                 np.array(ps, np.float32)) if n else Draft.empty()
+
+
+def lookup_draft(n: int) -> Draft:
+    return Draft(np.zeros(n, np.int32), sources=("ngram",) * n)
+
+
+def observe(pol, draft: Draft | None = None, n_drafted: int = 0, n_accepted: int = 0,
+            draft_seconds: float | None = None, verify_seconds: float | None = None) -> None:
+    """Tell ``pol`` a step's outcome; by default nothing verified, at exactly the estimated costs
+    (so the costs and the acceptance estimates stay put and only the pause schedule moves)."""
+    draft = draft if draft is not None else Draft.empty()
+    if draft_seconds is None:
+        draft_seconds = 0.0 if draft.lookup else pol.costs.draft * len(draft)
+    if verify_seconds is None:
+        verify_seconds = pol.costs.verify(n_drafted + 1)
+    pol.observe(draft, StepOutcome(draft.lookup, 0, n_drafted,
+                                   StepResult(n_accepted, 0, 0, 0.0, 0.0), n_accepted,
+                                   draft_seconds, verify_seconds, 0.0))
+
+
+def idle_steps(pol, n: int) -> list[int]:
+    """The draft lengths of ``n`` steps that verify nothing."""
+    ks = []
+    for _ in range(n):
+        ks.append(pol.draft_length(100))
+        observe(pol)
+    return ks
 
 
 def test_forward_costs_interpolate_and_follow_observations():
@@ -59,14 +96,14 @@ def test_verifier_only_steps_never_talk_the_policy_into_a_probe():
     ks = []
     for i in range(400):
         ks.append(pol.draft_length(1000))
-        pol.observe(0, 0, 0.0, (0.5 if i % 40 == 0 else 0.07) if i < 200 else 0.04)
+        observe(pol, verify_seconds=(0.5 if i % 40 == 0 else 0.07) if i < 200 else 0.04)
     assert ks == [0] * 400
 
 
 def test_on_the_epyc_costs_drafting_never_pays_so_the_draft_is_never_used():
     # best case, every draft accepted, k = 8: 9 tokens per 8 x 19 + 185 ms = 26.7 tok/s < 30.3
     pol = CostAwareDraftLength(8, ForwardCosts(EPYC, 0.019))
-    assert [pol.draft_length(100) for _ in range(200)] == [0] * 200
+    assert idle_steps(pol, 200) == [0] * 200
     assert pol.n_paused == 200
 
 
@@ -75,7 +112,7 @@ def test_a_best_case_gain_under_the_margin_is_not_worth_a_probe():
     # 1.07 x the verifier alone (30.3): below PROBE_MARGIN 1.1, so the draft is never run
     pol = CostAwareDraftLength(16, ForwardCosts(EPYC, 0.019))
     assert pol._pays(1.0) and not pol._pays(1.0, CostAwareDraftLength.PROBE_MARGIN)
-    assert [pol.draft_length(100) for _ in range(100)] == [0] * 100
+    assert idle_steps(pol, 100) == [0] * 100
 
 
 def test_where_drafting_could_pay_a_pause_is_re_probed_less_and_less_often():
@@ -86,11 +123,13 @@ def test_where_drafting_could_pay_a_pause_is_re_probed_less_and_less_often():
     got = []
     for _ in range(4 + 1 + 8 + 1 + 16 + 1 + 2):
         got.append(pol.draft_length(100))
+        draft = Draft.empty()
         if got[-1]:  # a probe verifies its whole draft, whatever the estimates say
-            for _ in range(got[-1]):
-                pol.too_unsure(np.array([0.6, 0.4], np.float32), 0)
-                assert pol.more(1)
-            assert pol.keep(got[-1]) == got[-1]
+            p = np.full(got[-1], 0.6, np.float32)
+            assert all(pol.more(p[:n]) for n in range(1, got[-1] + 1))
+            draft = model_draft(p)
+            assert pol.keep(draft) == got[-1]
+        observe(pol, draft)  # told nothing was verified: the acceptance stays at the prior
     drafts = [i for i, k in enumerate(got) if k]
     assert drafts == [4, 4 + 9, 4 + 9 + 17]
     assert all(got[i] == 16 for i in drafts)
@@ -103,15 +142,14 @@ def test_cheap_drafts_are_drafted_and_the_best_prefix_is_verified():
     # after 1 draft, one more gains 0.5 x 0.5 tokens for 2 + 0.267 ms (110 tok/s) > the step's
     # rate 1.5 / 22.2 ms (67.6): go on; after 2 it gains 0.25 x 0.5 for 2.267 ms (55 tok/s) <
     # 1.75 / 24.47 ms (71.5): stop
-    verdicts = []
-    for n, p in enumerate((0.99, 0.98), 1):
-        pol.too_unsure(np.array([p, 1 - p], np.float32), 0)
-        verdicts.append(pol.more(n))
-    assert verdicts == [True, False]
+    p = np.array([0.99, 0.98], np.float32)
+    assert [pol.more(p[:n]) for n in (1, 2)] == [True, False]
     # the 2 drafts' 4 ms are paid whichever prefix is verified: E = 1, 1.5, 1.75
     rates = [e / (0.004 + v) for e, v in ((1, 0.020), (1.5, 0.0202), (1.75, 20.2e-3 + 0.8e-3 / 3))]
-    assert pol.keep(2) == int(np.argmax(rates)) == 2
-    pol.observe(2, 2, 0.004, 0.021)
+    draft = model_draft(p)
+    assert pol.keep(draft) == int(np.argmax(rates)) == 2
+    assert pol.keep(draft) == 2 and pol.acceptance.n == [0] * 10  # queries change nothing
+    observe(pol, draft, 2, 2, 0.004, 0.021)
     assert pol.acceptance.n[9] == 2 and pol.acceptance.acc[9] == 2
     v3 = 20.2e-3 + 0.8e-3 / 3
     assert pol.costs.verify(3) == pytest.approx(v3 + 0.2 * (0.021 - v3))
@@ -123,14 +161,14 @@ def test_a_draft_that_never_gets_accepted_switches_drafting_off():
     for _ in range(40):
         k = pol.draft_length(100)
         ks.append(k)
-        n = 0
+        p = []
         for _ in range(k):
-            pol.too_unsure(np.array([0.3, 0.7], np.float32), 0)
-            n += 1
-            if not pol.more(n):
+            p.append(0.3)
+            if not pol.more(np.array(p, np.float32)):
                 break
-        kept = pol.keep(n)
-        pol.observe(kept, 0, 0.002 * n, 0.020 + 0.0002 * kept)
+        draft = model_draft(p)
+        kept = pol.keep(draft)
+        observe(pol, draft, kept, 0, 0.002 * len(p), 0.020 + 0.0002 * kept)
     # drafting pays at the prior 0.5 (1.5 tokens / 22.2 ms > 1 / 20 ms) until the rejections pull
     # the acceptance estimate below ~0.11; from then on only the re-probes draft
     assert ks[0] == 4 and pol.acceptance.mean < 0.11
@@ -142,49 +180,52 @@ def test_a_draft_that_never_gets_accepted_switches_drafting_off():
 def test_prompt_lookup_is_a_channel_of_its_own_with_free_proposals():
     # the EPYC costs: the draft model never pays (above), but a free lookup always accepted would
     # give 17 tokens per 222 ms = 76.6 tok/s, 2.5 x the verifier alone (30.3)
-    pol = CostAwareDraftLength(16, ForwardCosts(EPYC, 0.019), channels=("model", "lookup"))
-    assert pol._pays(1.0, CostAwareDraftLength.PROBE_MARGIN, kind="lookup")
+    pol = CostAwareDraftLength(16, ForwardCosts(EPYC, 0.019), channels=("model", "ngram"))
+    assert pol._pays(1.0, CostAwareDraftLength.PROBE_MARGIN, kind="ngram")
     # at the prior 0.5 no length pays (best j = 1: 1.5 / 51 ms = 29.4 tok/s < 30.3): paused,
     # re-probed after 4 verifier-only steps
-    assert [pol.draft_length(100) for _ in range(4)] == [0] * 4 and pol.n_paused == 4
+    assert idle_steps(pol, 4) == [0] * 4 and pol.n_paused == 4
     assert pol.draft_length(100) == 16
-    assert pol.uses("lookup") and not pol.uses("model")
-    assert pol.keep(16, lookup=True) == 16  # a probe verifies its whole draft
-    pol.observe(16, 16, 0.0, 0.222)
+    assert pol.uses("ngram") and not pol.uses("model")
+    assert pol.keep(lookup_draft(16)) == 16  # a probe verifies its whole draft
+    observe(pol, lookup_draft(16), 16, 16, 0.0, 0.222)
     assert pol.lookup_acceptance.mean == pytest.approx((16 + 1.0) / 18)
     assert pol.acceptance.n == [0] * 10  # the model's acceptance is not the lookup's
     # now on: the best prefix of 5 proposals at a = 17/18, E_j / verify(j + 1), nothing sunk:
     # j = 2, 2.89 tokens / 67 ms = 42.3 tok/s (j = 5: 5.25 / 129 ms = 40.6)
-    assert pol.draft_length(100) == 16 and pol.uses("lookup") and not pol.uses("model")
+    assert pol.draft_length(100) == 16 and pol.uses("ngram") and not pol.uses("model")
     a = 17 / 18
     rates = [sum(a ** i for i in range(j + 1)) / pol.costs.verify(j + 1) for j in range(6)]
-    assert pol.keep(5, lookup=True) == int(np.argmax(rates)) == 2
+    assert pol.keep(lookup_draft(5)) == int(np.argmax(rates)) == 2
     # a lookup that keeps failing switches itself off again
     for _ in range(30):
-        if pol.draft_length(100) and pol.uses("lookup"):
-            pol.keep(5, lookup=True)
-            pol.observe(pol._kept, 0, 0.0, pol.costs.verify(pol._kept + 1))
-    assert not pol._pays(pol.lookup_acceptance.mean, kind="lookup")
+        if pol.draft_length(100) and pol.uses("ngram"):
+            kept = pol.keep(lookup_draft(5))
+            observe(pol, lookup_draft(5), kept, 0)
+        else:
+            observe(pol)
+    assert not pol._pays(pol.lookup_acceptance.mean, kind="ngram")
 
 
 def test_a_probe_the_other_channel_used_up_is_made_next_step():
     # hybrid: the draft model paused (EPYC verifier, 10 ms draft: re-probed after 4 steps, see
     # above), prompt lookup on (it has been accepted 16 of 16)
-    pol = CostAwareDraftLength(16, ForwardCosts(EPYC, 0.010), channels=("model", "lookup"))
-    pol.lookup_acceptance.update([1.0] * 16, 16)
+    lookup = AcceptanceModel()
+    lookup.update([1.0] * 16, 16)
+    pol = CostAwareDraftLength(16, ForwardCosts(EPYC, 0.010), channels=("model", "ngram"),
+                               lookup_acceptance=lookup)
     probes = []
     for step in range(7):
-        assert pol.draft_length(100) == 16 and pol.uses("lookup")
+        assert pol.draft_length(100) == 16 and pol.uses("ngram")
         probes.append(pol.uses("model"))
         if step < 6:  # the history matches: lookup proposes, the model never runs
-            pol.keep(3, lookup=True)
-            pol.observe(3, 3, 0.0, 0.067)
+            pol.keep(lookup_draft(3))
+            observe(pol, lookup_draft(3), 3, 3, 0.0, 0.067)
         else:  # no match: the model drafts (and, probing, all 16 are verified)
-            for n in range(1, 17):
-                pol.too_unsure(np.array([0.9, 0.1], np.float32), 0)
-                assert pol.more(n)
-            assert pol.keep(16) == 16
-            pol.observe(16, 16, 0.16, 0.222)
+            p = np.full(16, 0.9, np.float32)
+            assert all(pol.more(p[:n]) for n in range(1, 17))
+            assert pol.keep(model_draft(p)) == 16
+            observe(pol, model_draft(p), 16, 16, 0.16, 0.222)
     # the model's probe verdict comes at step 5 and is taken back while lookup proposes, so it
     # stands until the model really drafts (step 6); then its backoff doubles as usual
     assert probes == [False] * 4 + [True, True, True]
@@ -195,8 +236,8 @@ def test_a_fixed_length_allows_every_kind_of_proposal():
     from cactus_gguf.spec import FixedDraftLength
 
     pol = FixedDraftLength(4, draft_min=2)
-    assert pol.uses("model") and pol.uses("lookup")
-    assert pol.keep(3, lookup=True) == 3 and pol.keep(1) == 0
+    assert pol.uses("model") and pol.uses("ngram")
+    assert pol.keep(lookup_draft(3)) == 3 and pol.keep(model_draft([0.5])) == 0
 
 
 def test_probe_sizes_are_one_half_and_the_ceiling():

@@ -68,9 +68,9 @@ def run_checked(monkeypatch, dec, prompt, **kw):
     dec.reset()
     propose = ModelDrafter.propose
 
-    def traced_propose(self, committed, k, sampler, policy, probs, tokens, **kw):
+    def traced_propose(self, committed, k, sampler, policy, **kw):
         shadow.proposals.append((list(committed), list(shadow.held(self.ctx))))
-        return propose(self, committed, k, sampler, policy, probs, tokens, **kw)
+        return propose(self, committed, k, sampler, policy, **kw)
 
     monkeypatch.setattr(ModelDrafter, "propose", traced_propose)
     res = dec.generate(prompt, n_predict=kw.pop("n_predict", 80), **kw)

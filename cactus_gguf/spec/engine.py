@@ -1,4 +1,4 @@
-"""The engine: two loaded models, their KV caches, and the draft-verify step.
+"""The engine: two loaded models, their KV caches, and the generations they serve.
 
 Dimension letters: k = draft length (tokens proposed per step), V = verifier vocabulary size.
 
@@ -9,14 +9,9 @@ Glossary (see ``native/cactus_native.h`` for the acceptance math):
   accepted    the drafted tokens the acceptance rule kept, d_1 .. d_AL  (AL = acceptance length)
   residual    the token emitted at the first rejection; bonus: the token emitted when all k pass
 
-One step, for committed tokens t_0 .. t_{L-1} (t_{L-1} pending in both contexts):
-  draft:   the drafter proposes d_1 .. d_k (the model drafter decodes its pending tokens, then
-           samples one token at a time, keeping each warped draft distribution p_i,
-           float32 [k, V]);
-  verify:  one verifier decode of [t_{L-1}, d_1 .. d_k] with logits for all k+1 rows
-           (float32 [k+1, V], read in place);
-  accept:  the native helper returns AL and the residual / bonus token;
-  commit:  append d_1 .. d_AL and that token; roll both KV caches back to the committed prefix.
+One step (step.py, ``run_step``): the drafter proposes d_1 .. d_k, one verifier decode scores
+them, the native helper accepts a prefix and emits the residual / bonus token, both KV caches roll
+back to the committed prefix. The models are loaded by loading.py.
 
 Between requests the caches keep what they hold: a new request reuses the longest common prefix of
 its prompt with it (llama-server's ``cache_prompt``) and decodes only the rest. One generation runs
@@ -35,9 +30,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..errors import ContextLengthError, EngineBusyError, InputError
-from ..llama import Context, ContextOptions, ModelOptions
+from ..llama import Context, ContextOptions
 from ..llama.context import DecodeCancelled
-from ..llama.devices import RpcServerLostError, check_servers
 from ..options import LoadOptions, Request, constraint_of, validate_pairing
 from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampling_params
 from ..sampling.native import pack_allowed
@@ -47,9 +41,11 @@ from ..text import render_chat
 from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from ..registry.cache import cache_dir
 from .costs import SlowStepWatch, forward_costs
+from .loading import load_pair
 from .policy import CostAwareDraftLength, FixedDraftLength, ForwardCosts
 from .session import Chunk, Session
-from .vocab import check_vocab_compatible, end_set, token_pieces
+from .step import run_step
+from .vocab import end_set, token_pieces
 
 __all__ = ["Engine", "Stream", "Chunk"]
 
@@ -113,34 +109,6 @@ class Stream(Iterator[str]):
         return s.result
 
 
-def _model_path(spec: str | Path, param: str) -> Path:
-    """A GGUF path, or a models.yaml name resolved (fetched on first use) through the registry."""
-    from ..llama import ModelLoadError
-
-    path = Path(spec)
-    if path.exists() or path.suffix == ".gguf" or "/" in str(spec):
-        return path
-    from .. import registry
-
-    if str(spec) in registry.load_registry().models:
-        return registry.resolve_model(str(spec))
-    raise ModelLoadError(f"model file not found: {spec} (nor a registry name: `cactus-gguf "
-                         "models` lists them)", param=param)
-
-
-def _load(spec: str | Path, param: str, model_options: ModelOptions,
-          context_options: ContextOptions) -> Context:
-    """Context.load of a model spec; a ModelLoadError names the option that gave the model."""
-    from ..llama import ModelLoadError
-
-    try:
-        return Context.load(_model_path(spec, param), model_options, context_options)
-    except ModelLoadError as e:
-        if e.param is None:
-            e.param, e.options = param, (param, *e.options)
-        raise
-
-
 class Engine:
     """A verifier GGUF and an optional draft GGUF, loaded once, serving generations.
 
@@ -168,32 +136,12 @@ class Engine:
                  draft_context: ContextOptions | None = None, repack: bool | None = None) -> None:
         self.load_options = load if load is not None else LoadOptions()
         self.defaults = defaults if defaults is not None else Request()
-        lo = self.load_options
-        repack = repack if repack is not None else lo.repack
-        ctx_opts = ContextOptions(n_ctx=lo.n_ctx, n_batch=lo.n_batch, n_threads=lo.n_threads,
-                                  flash_attn=lo.flash_attn)
-        self.verifier: Context | None = None
-        self.draft: Context | None = None
-        check_servers(rpc=lo.rpc, rpc_draft=lo.rpc_draft if draft is not None else None)
-        try:
-            self.verifier = _load(verifier, "model",
-                                  ModelOptions(lo.n_gpu_layers, repack=repack, device=lo.device,
-                                               rpc=lo.rpc, tensor_split=lo.tensor_split),
-                                  ctx_opts)
-            if draft is not None:
-                self.draft = _load(draft, "model_draft",
-                                   ModelOptions(lo.n_gpu_layers_draft, repack=repack,
-                                                device=lo.device_draft, rpc=lo.rpc_draft,
-                                                option_names=("device_draft", "rpc_draft",
-                                                              "tensor_split")),
-                                   draft_context or ctx_opts)
-                check_vocab_compatible(self.verifier.model, self.draft.model)
-        except BaseException:
-            self.close()
-            raise
+        self.verifier: Context | None
+        self.draft: Context | None
+        self.verifier, self.draft = load_pair(verifier, draft, self.load_options,
+                                              draft_context=draft_context, repack=repack)
         self._lock = threading.RLock()
         self._owner: Session | None = None  # the session the caches currently hold
-        self._draft_tokens = np.zeros(0, dtype=np.int32)  # grown by _buffers
         self._costs: ForwardCosts | None = None  # -k auto: probed on first use
         self._costs_k = 0
         self.probe: dict | None = None  # how forward_costs got them
@@ -371,7 +319,7 @@ class Engine:
         """The packed end set (uint32 [ceil(V / 32)]) of a Cactus request with ``protect_ends``:
         end-of-generation tokens and the starts of its stop strings (spec/vocab.py); None when
         the request does not protect ends. Built once per set of stop strings."""
-        if req.method != "cactus" or req.protect_ends == "off":
+        if not req.speculates or req.method != "cactus" or req.protect_ends == "off":
             return None
         ver = self._live()
         key = tuple(req.stop)
@@ -398,8 +346,8 @@ class Engine:
         """The draft-length policy: the cost-aware one under ``k="auto"`` (its channels: the
         draft model, prompt lookup, or both for the hybrid drafter), else the fixed k."""
         if req.k == "auto" and drafter is not None:
-            channels = {"model": ("model",), "ngram": ("lookup",),
-                        "hybrid": ("model", "lookup")}[req.drafter]
+            channels = {"model": ("model",), "ngram": ("ngram",),
+                        "hybrid": ("model", "ngram")}[req.drafter]
             return CostAwareDraftLength(req.k_max, self.forward_costs(req.k_max), req.draft_min,
                                         req.draft_p_min, channels=channels)
         return FixedDraftLength.from_request(req)
@@ -428,7 +376,7 @@ class Engine:
                 return None
             if self._owner is not session:
                 self._resync(session)
-            pieces = self._step(session)
+            pieces = run_step(self.verifier, session, self._slow_steps)
             if session.finished:
                 pieces += session.finish()
             return session.chunk(pieces)
@@ -476,101 +424,3 @@ class Engine:
         if session.drafter is not None and not session.drafter.resync(session.committed):
             session.stop_drafting("a token the draft's vocabulary lacks")
         self._owner = session
-
-    def _buffers(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Draft distributions p, float32 [k, V], and drafted ids, int32 [k]; grown on demand.
-        Columns past the draft's vocabulary stay 0 (it never proposes those ids)."""
-        if k > len(self._draft_tokens):
-            self._draft_probs = np.zeros((k, self.verifier.n_vocab), dtype=np.float32)
-            self._draft_tokens = np.zeros(k, dtype=np.int32)
-        return self._draft_probs, self._draft_tokens
-
-    def _draft(self, session: Session, k: int, probs: np.ndarray, tokens: np.ndarray) -> int:
-        """The draft part of a step: how many tokens were drafted into ``tokens`` / ``probs``."""
-        drafter, committed = session.drafter, session.committed
-        if drafter is None or k <= 0:
-            return 0
-        room = drafter.room(committed)
-        if room < 1:
-            session.stop_drafting(drafter.why_no_room(committed))  # the verifier alone from here
-            return 0
-        k = min(k, room)
-        grammar = session.constraint
-        n = drafter.propose(committed, k, session.sampler, session.policy, probs, tokens,
-                            grammar=grammar)
-        session.stats.n_draft_forwards = drafter.n_forwards
-        if drafter.deterministic and n > 0:
-            session.stats.n_lookup_steps += 1
-        if grammar is not None and drafter.deterministic:
-            n = grammar.extend(tokens, n)  # up to the first drafted token the grammar refuses
-        # a prefix worth a batched verification (0: the step is verifier-only)
-        return session.policy.keep(n, lookup=drafter.deterministic)
-
-    def _step(self, session: Session) -> list[str]:
-        """One draft-verify-accept-commit step; the text it released."""
-        ver, stats, committed = self.verifier, session.stats, session.committed
-        # The verifier holds committed[:-1]; the batch adds the pending token plus k drafts,
-        # so k <= n_ctx - len(committed). Below 0 not even the pending token fits.
-        room_v = ver.n_ctx - len(committed)
-        if room_v < 0:
-            session.stop("length", f"context full (n_ctx={ver.n_ctx})")
-            return []
-        # ... and the batch must fit one llama_decode: k <= n_batch - 1
-        k = session.policy.draft_length(min(session.remaining - 1, room_v, ver.n_batch - 1))
-        probs, tokens = self._buffers(max(k, 1))
-        grammar = session.constraint
-        if grammar is not None:
-            grammar.start(k)  # row 0: the committed output's mask
-
-        td = time.perf_counter()
-        n_drafted = self._draft(session, k, probs, tokens)
-        tv = time.perf_counter()
-        stats.draft_seconds += tv - td
-
-        # verify: one decode of the pending token(s) + the drafts, logits for n_drafted + 1 rows
-        logits = ver.decode(committed[ver.n_past:] + tokens[:n_drafted].tolist(),
-                            n_logits=n_drafted + 1)
-        ta = time.perf_counter()
-        stats.verify_seconds += ta - tv
-
-        if session.request.method == "none":
-            n_acc, nxt = 0, session.sampler.sample(
-                logits[0], allowed=grammar.allowed(0) if grammar is not None else None)
-        else:
-            deterministic = session.drafter is None or session.drafter.deterministic
-            p = None if n_drafted == 0 or deterministic else probs[:n_drafted]
-            res = session.sampler.verify(
-                p, tokens[:n_drafted], logits,
-                allowed=grammar.rows(n_drafted) if grammar is not None else None)
-            n_acc, nxt = res.n_accepted, res.next_token
-            stats.n_evaluated += res.n_evaluated
-            stats.kl_sum += res.kl_sum
-            stats.kl_max = max(stats.kl_max, res.kl_max)
-            stats.output_kl_sum += res.output_kl_sum
-            stats.output_kl_max = max(stats.output_kl_max, res.output_kl_max)
-            stats.delta_sum += res.delta_sum
-        if grammar is not None:
-            grammar.commit(n_acc, nxt)  # drop the rejected drafts, advance by the emitted token
-        stats.accept_seconds += time.perf_counter() - ta
-        self._slow_steps.observe(n_drafted, ta - tv)
-        stats.n_steps += 1
-        stats.n_drafted += n_drafted
-        session.policy.observe(n_drafted, n_acc, tv - td, ta - tv)
-
-        n_before = len(committed)
-        model = ver.model
-        last = "verifier" if n_drafted == 0 else "bonus" if n_acc == n_drafted else "residual"
-        pieces = session.emit(tokens[:n_acc].tolist() + [nxt], ["draft"] * n_acc + [last],
-                              model.is_eog, model.token_to_piece)
-        # the accepted drafts the generation used: up to its end (an ending end-of-generation
-        # token included, drafts after a completed stop string not)
-        used = len(committed) - n_before + (1 if session.stop_reason == "eos" else 0)
-        stats.n_accepted += min(n_acc, used)
-        # Roll back: the verifier keeps t_0 .. t_{L-1} + the accepted drafts (the new pending
-        # token is decoded next step); the draft keeps at most that much. After a stop inside
-        # the block (EOS, stop string, length) that is committed[:-1]: nothing past the end.
-        keep = min(n_before + n_acc, len(committed) - 1)
-        ver.truncate(min(ver.n_past, keep))
-        if session.drafter is not None:
-            session.drafter.rollback(keep)
-        return pieces

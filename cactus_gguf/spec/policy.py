@@ -1,25 +1,31 @@
 """How many tokens to draft: the draft-length policy of a generation.
 
-A policy answers three questions for the engine's step (engine.py):
+A policy answers five questions for the engine's step (step.py), each a pure query (it changes
+nothing, so the order and number of the calls do not matter):
 - ``draft_length(limit)``: how many tokens to draft this step, at most ``limit`` (the room left
   in both contexts, in one llama_decode batch, and before n_predict);
-- ``too_unsure(probs, token)``: after the draft sampled ``token`` from its warped distribution
-  ``probs`` (float32 [V]), whether to drop that token and stop drafting (llama.cpp
-  ``--draft-p-min``);
-- ``more(n_drafted)``: after keeping a drafted token, whether to draft another;
-- ``uses(kind)``: whether this step may draft with the draft model (``"model"``) or with prompt
-  lookup (``"lookup"``); the drafters ask before proposing;
-- ``keep(n_drafted, lookup)``: how many of the drafted tokens to verify, a prefix (0 drops a draft
-  shorter than llama.cpp's ``--draft-min``: that step is verifier-only); ``lookup``: prompt lookup
-  proposed them;
-and is told each step's outcome through ``observe`` (adaptive policies learn from it).
+- ``uses(source)``: whether this step may draft with the draft model (``"model"``) or with prompt
+  lookup (``"ngram"``); the drafters ask before proposing;
+- ``too_unsure(probs)``: after the draft sampled a token from its warped distribution ``probs``
+  (float32 [V]), whether to drop that token and stop drafting (llama.cpp ``--draft-p-min``);
+- ``more(p)``: after drafting tokens whose own draft probabilities are ``p`` (float32 [j]),
+  whether to draft another;
+- ``keep(draft)``: how many tokens of the Draft (drafters.py) to verify, a prefix (0 drops a draft
+  shorter than llama.cpp's ``--draft-min``: that step is verifier-only).
+Its state changes in one place: ``observe(draft, outcome)``, once per step, with the draft the
+drafter proposed (grammar-checked, before ``keep``) and the step's StepOutcome (stats.py);
+adaptive policies learn from it and decide what the next step may do.
 """
 from __future__ import annotations
 
 import bisect
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..stats import StepOutcome
+    from .drafters import Draft
 
 __all__ = ["DraftPolicy", "FixedDraftLength", "ForwardCosts", "AcceptanceModel",
            "CostAwareDraftLength"]
@@ -28,16 +34,15 @@ __all__ = ["DraftPolicy", "FixedDraftLength", "ForwardCosts", "AcceptanceModel",
 class DraftPolicy(Protocol):
     def draft_length(self, limit: int) -> int: ...
 
-    def too_unsure(self, probs: np.ndarray, token: int | None = None) -> bool: ...
+    def uses(self, source: str) -> bool: ...
 
-    def more(self, n_drafted: int) -> bool: ...
+    def too_unsure(self, probs: np.ndarray) -> bool: ...
 
-    def uses(self, kind: str) -> bool: ...
+    def more(self, p: np.ndarray) -> bool: ...
 
-    def keep(self, n_drafted: int, lookup: bool = False) -> int: ...
+    def keep(self, draft: Draft) -> int: ...
 
-    def observe(self, n_drafted: int, n_accepted: int, draft_seconds: float,
-                verify_seconds: float) -> None: ...
+    def observe(self, draft: Draft, outcome: StepOutcome) -> None: ...
 
 
 class FixedDraftLength:
@@ -50,21 +55,20 @@ class FixedDraftLength:
     def draft_length(self, limit: int) -> int:
         return min(self.k, limit)
 
-    def too_unsure(self, probs: np.ndarray, token: int | None = None) -> bool:
+    def too_unsure(self, probs: np.ndarray) -> bool:
         # compared in float32, as the row (NumPy's rule for a Python float against float32)
         return self.draft_p_min > 0.0 and bool(probs.max() < self.draft_p_min)
 
-    def uses(self, kind: str) -> bool:
+    def uses(self, source: str) -> bool:
         return True
 
-    def keep(self, n_drafted: int, lookup: bool = False) -> int:
-        return n_drafted if n_drafted >= self.draft_min else 0
+    def keep(self, draft: Draft) -> int:
+        return len(draft) if len(draft) >= self.draft_min else 0
 
-    def observe(self, n_drafted: int, n_accepted: int, draft_seconds: float,
-                verify_seconds: float) -> None:
+    def observe(self, draft: Draft, outcome: StepOutcome) -> None:
         pass
 
-    def more(self, n_drafted: int) -> bool:
+    def more(self, p: np.ndarray) -> bool:
         return True
 
     @classmethod
@@ -184,19 +188,31 @@ class AcceptanceModel:
 
 class _Channel:
     """One kind of proposal under the cost-aware policy: the draft model's (``model``) or prompt
-    lookup's (``lookup``: free to propose, p one-hot), with its own acceptance model and its own
-    pause / re-probe schedule."""
+    lookup's (``ngram``: free to propose, p one-hot), with its own acceptance model and its own
+    pause / re-probe schedule.
+
+    A step's verdict for a channel: "on" (drafting pays), "off" (it cannot win even with every
+    draft accepted: never pay for it), "paused" (off until its re-probe) or "probe" (draft and
+    verify the ceiling, to measure its acceptance again)."""
 
     def __init__(self, acceptance: AcceptanceModel) -> None:
         self.acceptance = acceptance
         self.paused_steps = 0
         self.backoff = CostAwareDraftLength.EXPLORE_MIN
 
-    def unprobe(self) -> None:
-        """Take back a probe that measured nothing (the other channel proposed, or this one
-        found nothing to propose): the next step probes again, the backoff as it was."""
-        self.backoff = max(CostAwareDraftLength.EXPLORE_MIN, self.backoff // 2)
-        self.paused_steps = self.backoff
+    def advance(self, verdict: str, measured: bool) -> None:
+        """The schedule after a step with this verdict; ``measured``: this channel proposed the
+        step's (non-empty) draft."""
+        lo, hi = CostAwareDraftLength.EXPLORE_MIN, CostAwareDraftLength.EXPLORE_MAX
+        if verdict == "on":
+            self.paused_steps, self.backoff = 0, lo
+        elif verdict == "paused":
+            self.paused_steps += 1
+        elif verdict == "probe":
+            self.paused_steps, self.backoff = 0, min(hi, 2 * self.backoff)  # less often each time
+            if not measured:  # the other channel proposed, or this one found nothing: take the
+                self.backoff = max(lo, self.backoff // 2)  # probe back, the next step probes again
+                self.paused_steps = self.backoff
 
 
 class CostAwareDraftLength:
@@ -220,7 +236,7 @@ class CostAwareDraftLength:
         unless even every draft accepted (m = 1) would beat the verifier alone by less than 10%
         (PROBE_MARGIN): then the draft model is never used, not even to catch up on the prompt,
         which a re-probe must decode first (the draft prefills lazily under this policy).
-    Prompt lookup (the ``lookup`` channel: the n-gram drafter, and the hybrid drafter's lookup
+    Prompt lookup (the ``ngram`` channel: the n-gram drafter, and the hybrid drafter's lookup
     steps) follows the same rule with c_d = 0 and its own acceptance model and pause schedule
     (its proposals are one-hot, so every a_i is its overall rate): on a machine where a batch of
     j + 1 costs about j + 1 single decodes even a free, always-accepted lookup cannot pay, and it
@@ -230,7 +246,12 @@ class CostAwareDraftLength:
         k: the ceiling, the longest draft a step may make.
         costs: ForwardCosts of this machine and these models.
         draft_min, draft_p_min: as FixedDraftLength (llama.cpp's options).
-        channels: the proposals the drafter makes: ("model",), ("lookup",) or both (hybrid).
+        channels: the proposals the drafter makes: ("model",), ("ngram",) or both (hybrid).
+        acceptance, lookup_acceptance: the channels' AcceptanceModels to start from (default:
+            the prior 0.5).
+
+    What a step may do (each channel's verdict, see _Channel) is decided at construction and by
+    each ``observe``, for the step that follows; the queries only read it.
     """
 
     EXPLORE_MIN, EXPLORE_MAX = 4, 64
@@ -238,22 +259,18 @@ class CostAwareDraftLength:
 
     def __init__(self, k: int, costs: ForwardCosts, draft_min: int = 0,
                  draft_p_min: float = 0.0, acceptance: AcceptanceModel | None = None,
-                 channels: tuple[str, ...] = ("model",)) -> None:
+                 channels: tuple[str, ...] = ("model",),
+                 lookup_acceptance: AcceptanceModel | None = None) -> None:
         self.k, self.costs = k, costs
         self.draft_min, self.draft_p_min = draft_min, draft_p_min
         self.acceptance = acceptance or AcceptanceModel()  # the draft model's
-        self.lookup_acceptance = AcceptanceModel()
+        self.lookup_acceptance = lookup_acceptance or AcceptanceModel()
         self._channels = {"model": _Channel(self.acceptance),
-                          "lookup": _Channel(self.lookup_acceptance)}
+                          "ngram": _Channel(self.lookup_acceptance)}
         self._channels = {name: self._channels[name] for name in channels}
-        self._active: set[str] = set()
-        self._probing: set[str] = set()
-        self._p: list[float] = []  # this step's drafted tokens' p[n]
-        self._a_run, self._e = 1.0, 1.0  # A_j and E_j of the tokens drafted so far
-        self._kept = 0
-        self._kind = "model"  # who proposed this step's draft
         self._drafted_last = False  # the draft model drafted in the previous step
         self.n_paused = 0  # verifier-only steps the policy chose (for the stats)
+        self._verdicts = self._plan()  # {channel: verdict} of the coming step
 
     # -- the rule ---------------------------------------------------------------------------------
 
@@ -277,90 +294,83 @@ class CostAwareDraftLength:
         rates = self._rate([m] * self.k, kind=kind)
         return max(rates[1:], default=0.0) > margin * rates[0]
 
-    def _decide(self, kind: str) -> str:
-        """This step, for one channel: "on", "probe" (draft and verify the ceiling, to measure
-        its acceptance again) or "off"."""
+    def _verdict(self, kind: str) -> str:
+        """The coming step's verdict for one channel (see _Channel), from its schedule."""
         ch = self._channels[kind]
         if self._pays(ch.acceptance.mean, kind=kind):
-            ch.paused_steps, ch.backoff = 0, self.EXPLORE_MIN
             return "on"
         if not self._pays(1.0, self.PROBE_MARGIN, kind=kind):
             return "off"  # drafting cannot win here (by the margin): never pay for the draft
-        ch.paused_steps += 1
-        if ch.paused_steps <= ch.backoff:
-            return "off"
-        ch.paused_steps = 0
-        ch.backoff = min(self.EXPLORE_MAX, 2 * ch.backoff)  # probe, less often each time
-        return "probe"
+        return "probe" if ch.paused_steps + 1 > ch.backoff else "paused"
 
-    # -- the DraftPolicy protocol -------------------------------------------------------------------
+    def _plan(self) -> dict[str, str]:
+        return {kind: self._verdict(kind) for kind in self._channels} if self.k >= 1 else {}
+
+    def _run(self, p: Sequence[float]) -> tuple[float, float]:
+        """A_j and E_j of drafted tokens with draft probabilities ``p`` (j = len(p))."""
+        a_run, e = 1.0, 1.0
+        for x in p:
+            a_run *= self.acceptance.estimate(float(x))  # A_j: the first j all accepted
+            e += a_run  # E_j
+        return a_run, e
+
+    # -- the DraftPolicy protocol: queries ---------------------------------------------------------
 
     def draft_length(self, limit: int) -> int:
-        self._p = []
-        self._a_run, self._e = 1.0, 1.0
-        self._active, self._probing = set(), set()
-        if self.k < 1 or limit < 1:
-            return 0
-        for kind in self._channels:
-            verdict = self._decide(kind)
-            if verdict != "off":
-                self._active.add(kind)
-            if verdict == "probe":
-                self._probing.add(kind)
-        if not self._active:
-            self.n_paused += 1
+        if limit < 1 or not any(self.uses(kind) for kind in self._verdicts):
             return 0
         return min(self.k, limit)
 
-    def uses(self, kind: str) -> bool:
-        return kind in self._active
+    def uses(self, source: str) -> bool:
+        return self._verdicts.get(source) in ("on", "probe")
 
-    def too_unsure(self, probs: np.ndarray, token: int | None = None) -> bool:
-        if self.draft_p_min > 0.0 and bool(probs.max() < self.draft_p_min):
-            return True
-        p = float(probs[token]) if token is not None else float(probs.max())
-        self._p.append(p)
-        self._a_run *= self.acceptance.estimate(p)  # A_j: the first j all accepted
-        self._e += self._a_run  # E_j
-        return False
+    def too_unsure(self, probs: np.ndarray) -> bool:
+        return self.draft_p_min > 0.0 and bool(probs.max() < self.draft_p_min)
 
-    def more(self, n_drafted: int) -> bool:
-        if "model" in self._probing or n_drafted < self.draft_min:
+    def more(self, p: np.ndarray) -> bool:
+        j = len(p)
+        if self._verdicts.get("model") == "probe" or j < self.draft_min:
             return True
-        j, c = len(self._p), self.costs
-        rate = self._e / (j * c.draft + c.verify(j + 1))  # E_j / T_j
-        gain = self._a_run * self.acceptance.mean
+        a_run, e = self._run(p)
+        c = self.costs
+        rate = e / (j * c.draft + c.verify(j + 1))  # E_j / T_j
+        gain = a_run * self.acceptance.mean
         cost = c.draft + c.verify(j + 2) - c.verify(j + 1)
         return cost <= 0 or gain / cost >= rate
 
-    def keep(self, n_drafted: int, lookup: bool = False) -> int:
-        kind = self._kind = "lookup" if lookup else "model"
-        for name in self._probing - ({kind} if n_drafted else set()):
-            self._channels[name].unprobe()  # it drafted nothing to measure: probe next step
-        if kind in self._probing:
-            self._kept = n_drafted if n_drafted >= self.draft_min else 0
-            return self._kept
-        if lookup:
-            accept = [self.lookup_acceptance.mean] * n_drafted
+    def keep(self, draft: Draft) -> int:
+        n, kind = len(draft), "ngram" if draft.lookup else "model"
+        if self._verdicts.get(kind) == "probe":  # a probe verifies its whole draft
+            return n if n >= self.draft_min else 0
+        if draft.lookup:
+            accept = [self.lookup_acceptance.mean] * n
         else:
-            accept = [self.acceptance.estimate(p) for p in self._p[:n_drafted]]
+            accept = [self.acceptance.estimate(float(x)) for x in draft.p] if n else []
         # the n drafts are paid for whichever prefix is verified: rate_i = E_i / (n c_d + c_v(i+1))
-        sunk = n_drafted * self._draft_cost(kind)
+        sunk = n * self._draft_cost(kind)
         best = int(np.argmax(self._rate(accept, sunk=sunk, kind=kind)))
-        self._kept = best if best >= self.draft_min else 0
-        return self._kept
+        return best if best >= self.draft_min else 0
 
-    def observe(self, n_drafted: int, n_accepted: int, draft_seconds: float,
-                verify_seconds: float) -> None:
-        model_drafted = self._kind == "model" and bool(self._p)
+    # -- the DraftPolicy protocol: the step's outcome ----------------------------------------------
+
+    def observe(self, draft: Draft, outcome: StepOutcome) -> None:
+        """Advance each channel's schedule by the step's verdict, correct the costs from its
+        times, update the proposing channel's acceptance model, then decide the next step's
+        verdicts. ``draft``: what the drafter proposed (grammar-checked, before ``keep``)."""
+        source = ("ngram" if draft.lookup else "model") if len(draft) else None
+        for kind, verdict in self._verdicts.items():
+            self._channels[kind].advance(verdict, measured=kind == source)
+        if self._verdicts and not any(self.uses(kind) for kind in self._verdicts):
+            self.n_paused += 1
+        model_drafted = source == "model"
         measured = model_drafted and self._drafted_last  # else its first decode caught a backlog up
-        self.costs.observe_verify(n_drafted + 1, verify_seconds, draft_too=not measured)
+        n, n_acc = outcome.n_drafted, outcome.verdict.n_accepted
+        self.costs.observe_verify(n + 1, outcome.verify_seconds, draft_too=not measured)
         if measured:
-            self.costs.observe_draft(draft_seconds / len(self._p))
-        if n_drafted:
-            if self._kind == "lookup":
-                self.lookup_acceptance.update([1.0] * n_drafted, n_accepted)
-            else:
-                self.acceptance.update(self._p[:n_drafted], n_accepted)
+            self.costs.observe_draft(outcome.draft_seconds / len(draft))
+        if n and source == "ngram":
+            self.lookup_acceptance.update([1.0] * n, n_acc)
+        elif n:
+            self.acceptance.update([float(x) for x in draft.p[:n]], n_acc)
         self._drafted_last = model_drafted
-        self._kind = "model"
+        self._verdicts = self._plan()

@@ -1,9 +1,9 @@
 """One generation's state: the request, the committed token ids, the sampler (its RNG), the
 drafter and draft-length policy, the text released so far, and the statistics.
 
-The engine (engine.py) runs the steps; a session only records what they emit. Sessions are
-independent: two of them never share an RNG, a drafter or text state, so generations may
-interleave on one engine (the engine restores its caches to a session's committed tokens when
+The engine (engine.py) runs the steps (step.py); a session only records what they emit.
+Sessions are independent: two of them never share an RNG, a drafter or text state, so generations
+may interleave on one engine (the engine restores its caches to a session's committed tokens when
 it resumes another one).
 """
 from __future__ import annotations

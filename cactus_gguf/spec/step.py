@@ -1,0 +1,113 @@
+"""One step of speculative decoding, top to bottom: draft, verify, accept, commit.
+
+For committed tokens t_0 .. t_{L-1} (t_{L-1} pending in both contexts; glossary in engine.py):
+  draft:   the policy picks k; the drafter proposes d_1 .. d_k as a Draft (drafters.py); a prompt
+           lookup proposal is cut at the first token the grammar refuses; the policy keeps the
+           prefix worth verifying;
+  verify:  one verifier decode of [t_{L-1}, d_1 .. d_k] with logits for all k+1 rows
+           (float32 [k+1, V], read in place);
+  accept:  the native helper returns AL and the residual / bonus token (a request that does not
+           speculate samples the verifier's row 0 instead);
+  commit:  append d_1 .. d_AL and that token; fold the StepOutcome into the policy and the
+           statistics; roll both KV caches back to the committed prefix.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..llama import Context
+from ..sampling.native import StepResult
+from ..stats import StepOutcome
+from .costs import SlowStepWatch
+from .drafters import Draft
+from .session import Session
+
+__all__ = ["run_step"]
+
+
+def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[str]:
+    """One draft-verify-accept-commit step of ``session`` on the verifier's context ``ver`` (which
+    holds committed[:-1]); the text it released. ``slow_steps`` watches the verify times.
+    Raises EngineError (a decode or the native helper failed; the caller restores the caches)."""
+    committed, grammar, policy = session.committed, session.constraint, session.policy
+    # The verifier holds committed[:-1]; the batch adds the pending token plus k drafts,
+    # so k <= n_ctx - len(committed). Below 0 not even the pending token fits.
+    room = ver.n_ctx - len(committed)
+    if room < 0:
+        session.stop("length", f"context full (n_ctx={ver.n_ctx})")
+        return []
+    # ... and the batch must fit one llama_decode: k <= n_batch - 1
+    k = policy.draft_length(min(session.remaining - 1, room, ver.n_batch - 1))
+    if grammar is not None:
+        grammar.start(k)  # row 0: the committed output's mask
+
+    t_draft = time.perf_counter()
+    proposal = _propose(session, k)
+    legal = proposal  # a prompt-lookup proposal: up to the first token the grammar refuses
+    if grammar is not None and proposal.lookup:
+        legal = proposal.prefix(grammar.extend(proposal.tokens, len(proposal)))
+    draft = legal.prefix(policy.keep(legal))  # worth a batched verification (empty: verifier-only)
+
+    t_verify = time.perf_counter()
+    # verify: one decode of the pending token(s) + the drafts, logits for len(draft) + 1 rows
+    logits = ver.decode(committed[ver.n_past:] + draft.tokens.tolist(), n_logits=len(draft) + 1)
+
+    t_accept = time.perf_counter()
+    verdict = _accept(session, draft, logits)
+    n_acc = verdict.n_accepted
+    if grammar is not None:
+        grammar.commit(n_acc, verdict.next_token)  # drop the rejected drafts, advance by the token
+    t_end = time.perf_counter()
+    slow_steps.observe(len(draft), t_accept - t_verify)
+
+    n_before, model = len(committed), ver.model
+    last = "verifier" if not len(draft) else "bonus" if n_acc == len(draft) else "residual"
+    pieces = session.emit(draft.tokens[:n_acc].tolist() + [verdict.next_token],
+                          ["draft"] * n_acc + [last], model.is_eog, model.token_to_piece)
+    # the accepted drafts the generation used: up to its end (an ending end-of-generation
+    # token included, drafts after a completed stop string not)
+    used = len(committed) - n_before + (1 if session.stop_reason == "eos" else 0)
+    outcome = StepOutcome(proposal.lookup, proposal.n_forwards, len(draft), verdict,
+                          min(n_acc, used), t_verify - t_draft, t_accept - t_verify,
+                          t_end - t_accept)
+    policy.observe(legal, outcome)
+    session.stats.add_step(outcome)
+
+    # Roll back: the verifier keeps t_0 .. t_{L-1} + the accepted drafts (the new pending
+    # token is decoded next step); the draft keeps at most that much. After a stop inside
+    # the block (EOS, stop string, length) that is committed[:-1]: nothing past the end.
+    keep = min(n_before + n_acc, len(committed) - 1)
+    ver.truncate(min(ver.n_past, keep))
+    if session.drafter is not None:
+        session.drafter.rollback(keep)
+    return pieces
+
+
+def _propose(session: Session, k: int) -> Draft:
+    """The drafter's proposal of at most ``k`` tokens; empty when there is no drafter (any more)
+    or no room, and then, for want of room, the verifier decodes alone from here."""
+    drafter, committed = session.drafter, session.committed
+    if drafter is None or k <= 0:
+        return Draft.empty()
+    room = drafter.room(committed)
+    if room < 1:
+        session.stop_drafting(drafter.why_no_room(committed))
+        return Draft.empty()
+    return drafter.propose(committed, min(k, room), session.sampler, session.policy,
+                           grammar=session.constraint)
+
+
+def _accept(session: Session, draft: Draft, logits: np.ndarray) -> StepResult:
+    """The acceptance test of ``draft`` against the verifier's ``logits`` (float32
+    [len(draft) + 1, V]); for a request that does not speculate, the verifier's own token from
+    row 0 (AL 0, nothing evaluated)."""
+    grammar = session.constraint
+    if not session.request.speculates:
+        token = session.sampler.sample(
+            logits[0], allowed=grammar.allowed(0) if grammar is not None else None)
+        return StepResult(0, token, 0, 0.0, 0.0)
+    return session.sampler.verify(
+        draft.probs, draft.tokens, logits,
+        allowed=grammar.rows(len(draft)) if grammar is not None else None)
