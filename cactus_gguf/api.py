@@ -162,10 +162,10 @@ def _plan(given: Mapping[str, Any], command: str) -> tuple[RunPlan, dict[str, An
     if verifier is None:
         raise InputError("no verifier model: give VERIFIER (a .gguf path or a registry name)",
                          param="model")
-    request = Request(**_of_scope(values, "request"))  # k = 0: method none, no draft loaded
+    request = Request(**_of_scope(values, "request"))  # k = 0: no speculation, no draft loaded
     load = LoadOptions(**_of_scope(values, "load"))
     validate_pairing(load, request)
-    uses_draft = request.method != "none" and request.drafter in MODEL_DRAFTERS
+    uses_draft = request.speculates and request.drafter in MODEL_DRAFTERS
     if uses_draft and draft is None:
         raise InputError(f"method {request.method} needs a DRAFT model; give one, or use "
                          "{drafter} ngram or {method} none", param="model_draft",
@@ -226,7 +226,7 @@ def open_engine(plan: RunPlan, probe: bool = False):
     draft = resolve_model(plan.draft_spec) if plan.draft_spec is not None else None
     engine = Engine(verifier, draft, plan.load, defaults=plan.request)
     r = plan.request
-    if probe and r.k == "auto" and r.method != "none":
+    if probe and r.k == "auto" and r.speculates:
         try:
             engine.forward_costs(r.k_max)
         except BaseException:
@@ -273,7 +273,8 @@ def result_json(result: GenerationResult, plan: RunPlan) -> dict:
     """The ``--json`` object: text, settings and every statistic (seconds, tokens/s, nats).
     Settings that do not apply to the method are null."""
     r = plan.request
-    spec, method = r.method != "none", r.method
+    spec = r.speculates
+    method = r.method if spec else "none"  # k = 0 reports method none: the verifier alone
     out = {
         "text": result.text,
         "tokens": result.tokens,

@@ -16,11 +16,11 @@ def summary(result, request) -> str:
     s = result.stats
     # the answer first (what the user waited for), then the per-token figures
     calls = f"{s.n_steps} verifier calls" + (f", {s.n_draft_forwards} draft forwards"
-                                             if request.method != "none" else "")
+                                             if request.speculates else "")
     parts = [f"answer {s.answer_seconds:.2f} s end to end ({calls})",
              f"{s.n_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.2f} tok/s)",
              f"prompt {s.n_prompt_tokens} tokens in {s.prefill_seconds:.2f} s"]
-    if request.method == "none":
+    if not request.speculates:
         parts.append("method none (verifier alone)")
     else:
         rule = f"method {request.method}"
