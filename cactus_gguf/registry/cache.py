@@ -8,15 +8,15 @@ time (``CACTUS_GGUF_CACHE``, ``XDG_CACHE_HOME``, the ``HF_*`` cache variables, o
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
+
+import filelock
 
 from .errors import DownloadError
 from .schema import ModelEntry, Source
@@ -223,16 +223,11 @@ def verify_cached(path: Path, marker: Path, expected: str | None, *, progress: b
     return sha
 
 
-@contextlib.contextmanager
-def locked(directory: Path) -> Iterator[None]:
-    """Exclusive advisory lock on ``directory/.lock`` (two pulls of one source serialize)."""
+def locked(directory: Path) -> filelock.FileLock:
+    """Exclusive advisory lock on ``directory/.lock`` (two pulls of one source serialize; flock on
+    POSIX, msvcrt on Windows, through ``filelock``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return filelock.FileLock(directory / ".lock")
 
 
 def check_disk_space(directory: Path, needed: int | None, what: str) -> None:

@@ -26,7 +26,9 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
+
+import filelock
 
 from ..llama.hw import system_info
 from .policy import ForwardCosts
@@ -142,34 +144,10 @@ def _read_table(path: Path) -> dict:
     return table if isinstance(table, dict) else {}
 
 
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """An exclusive lock on ``lock_path`` between processes: ``fcntl.flock`` on POSIX,
-    ``msvcrt.locking`` on Windows (both released when the file is closed, also by a crash)."""
-    with open(lock_path, "a+b") as f:
-        try:
-            import fcntl
-        except ImportError:  # Windows
-            import msvcrt
-
-            f.seek(0)
-            while True:
-                try:
-                    msvcrt.locking(f.fileno(), msvcrt.LK_LOCK, 1)  # retries for ~10 s itself
-                    break
-                except OSError:
-                    continue
-            try:
-                yield
-            finally:
-                f.seek(0)
-                msvcrt.locking(f.fileno(), msvcrt.LK_UNLCK, 1)
-        else:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+def _locked(lock_path: Path) -> filelock.FileLock:
+    """An exclusive lock on ``lock_path`` between processes and threads (``filelock``: flock on
+    POSIX, msvcrt on Windows; released when the file is closed, also by a crash)."""
+    return filelock.FileLock(lock_path)
 
 
 def store_costs(path: Path, key: str, entry: dict) -> None:
