@@ -271,7 +271,8 @@ OPTIONS: tuple[Option, ...] = (
            "TAU on ending (end-of-generation tokens and tokens that start a stop string), keep "
            "that chance in what is emitted (the position falls back to SpS where Cactus would "
            "lower it), so answers end where the verifier's would; `off` = the paper's rule",
-           ("--protect-ends",), range=Range(lo=0.0, hi=1.0), metavar="TAU", words=("off",)),
+           ("--protect-ends",), range=Range(lo=0.0, hi=1.0), recommend=True, metavar="TAU",
+           words=("off",)),
     Option("drafter", str, "model", "`model` (the DRAFT GGUF), `ngram` (prompt lookup from the "
            "token history: no draft model, `cactus-gguf run VERIFIER --drafter ngram`) or "
            "`hybrid` (prompt lookup when the last `--ngram-max` tokens occurred before, else the "

@@ -505,4 +505,6 @@ def test_the_families_that_keep_answers_set_their_rule():
     # the base request's threshold is the family's
     ends = bench.request_for(base.replace(protect_ends=0.3), configs[3])
     assert ends.protect_ends == 0.3 and ends.delta == 1.0
+    # cactus stays the paper's rule under a protected base (the default pair recommends 0.1)
+    assert bench.request_for(base.replace(protect_ends=0.3), configs[2]).protect_ends == "off"
 

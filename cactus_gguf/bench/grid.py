@@ -25,14 +25,16 @@ FAMILIES: dict[str, dict] = {
     # own answers' length and style, beside the verifier's
     "draft": {"acceptance": None, "drafter": None, "per_delta": False, "decoder": "draft"},
     "sps": {"acceptance": "sps", "drafter": "model", "per_delta": False},
-    "cactus": {"acceptance": "cactus", "drafter": "model", "per_delta": True},
+    # the paper's rule, whatever --protect-ends the base request (or its pair) has
+    "cactus": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
+               "protect_ends": False},
     "cactus-output": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
                       "budget": "output"},
     # Cactus with the exact binary-KL solver (the others use --solver, Taylor by default)
     "cactus-exact": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
                      "solver": "exact"},
     # Cactus with protected ends at the base request's --protect-ends (PROTECT_ENDS when that is
-    # off; the other families run the base request's, off by default)
+    # off); the families without the key run the base request's
     "cactus-ends": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
                     "protect_ends": True},
     "typical": {"acceptance": "typical", "drafter": "model", "per_delta": False},
@@ -130,8 +132,8 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
                       "budget": fam.get("budget", "target") if fam["per_delta"] else None}
             if fam.get("solver"):
                 common["solver"] = fam["solver"]
-            if fam.get("protect_ends"):
-                common["protect_ends"] = True
+            if "protect_ends" in fam:
+                common["protect_ends"] = fam["protect_ends"]
             if fam["per_delta"]:
                 for d in (deltas if only is None else (only,)):
                     out.append({"id": f"{m}-d{_fmt_num(d)}-k{k}",
@@ -166,7 +168,9 @@ def request_for(base, cfg: dict, json_schema: str | None = None):
         changes["budget"] = cfg["budget"]
     if cfg.get("solver"):
         changes["solver"] = cfg["solver"]
-    if cfg.get("protect_ends"):
+    if cfg.get("protect_ends") is False:
+        changes["protect_ends"] = "off"
+    elif cfg.get("protect_ends"):
         changes["protect_ends"] = (base.protect_ends if base.protect_ends != "off"
                                    else PROTECT_ENDS)
     return base.replace(**changes)
