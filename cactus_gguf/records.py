@@ -185,12 +185,6 @@ class LoadOptions(_OptionRecord):
 
 
 def _check_request(r: Request) -> None:
-    if not r.speculates and r.method != "none":
-        # k = 0: ``speculates`` says so; method is still set to "none" because the engine, the
-        # run planner, the CLI, the server and the reported settings ("method": "none" for -k 0)
-        # read ``method == "none"`` as "the verifier alone". Once they all ask ``speculates``,
-        # this line goes and a request keeps the method it was given.
-        object.__setattr__(r, "method", "none")
     if r.draft_min > r.draft_ceiling:
         name = r.draft_ceiling_option
         raise InputError(f"{{draft_min}} must be in [0, {{{name}}}={r.draft_ceiling}], got "
