@@ -362,7 +362,7 @@ OPTIONS: tuple[Option, ...] = (
            normalize=lambda v: _tensor_split(v)),
     # -- run: output -----------------------------------------------------------------------------
     Option("json", bool, False, "print one JSON object (text, settings, all statistics) instead of "
-           "streaming", ("--json",), scope="run", commands=frozenset({"run", "models"})),
+           "streaming", ("--json",), scope="run", commands=frozenset({"run", "models", "vocab"})),
     Option("verbose", bool, False, "show llama.cpp's log", ("-v", "--verbose"), scope="run",
            commands=_GEN),
     # -- serve: the OpenAI-compatible server -------------------------------------------------------

@@ -73,3 +73,33 @@ def pull_command(name: str, no_progress: bool) -> None:
         state = "cached" if r.cached else f"fetched from {r.source.describe()}"
         click.echo(f"{r.model}: {r.path}")
         click.echo(f"    sha256 {r.sha256} ({check}; {state})")
+
+
+@main.command("vocab")
+@click.argument("verifier")
+@click.argument("draft")
+@schema_options("vocab")
+def vocab_command(verifier: str, draft: str, json: bool) -> None:
+    """Compare two models' vocabularies: sizes, shared tokens, special tokens by role, the first
+    tokens each lacks, and the method the pair needs (same, map or intersect).
+
+    VERIFIER and DRAFT are GGUF paths or registry model names. Reads only the files' metadata
+    (no model is loaded); the map is cached under the model cache's vocab-maps/.
+    """
+    import json as json_module
+
+    from .. import registry
+    from ..errors import InputError
+    from ..spec.vocab_map import describe, vocab_map
+
+    try:
+        paths = [registry.resolve_model(m) for m in (verifier, draft)]
+        vm = vocab_map(*paths)
+    except (registry.RegistryError, registry.DownloadError, InputError) as e:
+        raise click.ClickException(str(e))
+    if json:
+        click.echo(json_module.dumps({"verifier": str(paths[0]), "draft": str(paths[1]),
+                                      **vm.to_dict()}, indent=2, ensure_ascii=False))
+        return
+    for line in describe(vm, paths[0].name, paths[1].name):
+        click.echo(line)
