@@ -54,7 +54,8 @@ def check_vocab_compatible(verifier: Model, draft: Model) -> None:
     Raises VocabMismatchError naming the first difference.
     """
     v, d = verifier.path.name, draft.path.name
-    fix = "pick a draft from the verifier's model family"
+    fix = (f"pick a draft from the verifier's model family (`cactus-gguf vocab {verifier.path} "
+           f"{draft.path}` shows every difference)")
     if verifier.vocab_type != draft.vocab_type:
         raise VocabMismatchError(
             f"draft {d} and verifier {v} use different tokenizer types "
