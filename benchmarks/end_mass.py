@@ -39,7 +39,7 @@ from cactus_gguf.bench.prompts import load_humaneval, render_prompt
 from cactus_gguf.llama.hw import machine_facts
 from cactus_gguf.registry import resolve_model
 from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams
-from cactus_gguf.spec.vocab import end_set, token_pieces
+from cactus_gguf.speculative.vocab import end_set, token_pieces
 
 FENCE = "```"
 STOP_POINT = 0.5  # q_t(E) at or above which the verifier "wants to stop"

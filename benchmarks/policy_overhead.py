@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from cactus_gguf.sampling import StepResult
-from cactus_gguf.spec.drafters import Draft
-from cactus_gguf.spec.policy import CostAwareDraftLength, ForwardCosts
+from cactus_gguf.speculative.drafters import Draft
+from cactus_gguf.speculative.policy import CostAwareDraftLength, ForwardCosts
 from cactus_gguf.stats import StepOutcome
 
 # seconds: this machine (2-core EPYC, the default pair, benchmarks/results/auto-humaneval) and a

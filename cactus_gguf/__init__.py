@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "Engine": "spec", "Stream": "spec", "VocabMismatchError": "spec",
+    "Engine": "speculative", "Stream": "speculative", "VocabMismatchError": "speculative",
     "Request": "options", "LoadOptions": "options", "ContextOptions": "llama",
     "GenerationResult": "stats", "GenerationStats": "stats",
     "CactusError": "errors", "InputError": "errors", "CapacityError": "errors",

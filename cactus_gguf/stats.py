@@ -23,7 +23,7 @@ __all__ = ["StepOutcome", "GenerationStats", "GenerationResult"]
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """What one step did (spec/step.py): what :meth:`GenerationStats.add_step` folds in and the
+    """What one step did (speculative/step.py): what :meth:`GenerationStats.add_step` folds in and the
     draft-length policy learns from.
 
     lookup: prompt lookup proposed the step's draft (counted before the grammar and the policy

@@ -304,7 +304,7 @@ def make_engine(ver, dft=None, *, temp: float = 0.8, top_k: int = 0, top_p: floa
     (k, method, delta, solver, drafter, ...); the draft is loaded only when the model drafter is
     in play (method "none" = the verifier alone). ``context``: ContextOptions (default ctx())."""
     from cactus_gguf.options import LoadOptions, Request
-    from cactus_gguf.spec import Engine
+    from cactus_gguf.speculative import Engine
 
     req = Request(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                   **{"k": 4, "method": "cactus", **request})

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from cactus_gguf import bench
 from cactus_gguf.cli import main
 from cactus_gguf.errors import InputError
-from cactus_gguf.spec import Engine
+from cactus_gguf.speculative import Engine
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STUB = 'def add(a, b):\n    """Return a + b."""\n'

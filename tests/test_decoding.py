@@ -12,7 +12,7 @@ from scipy import stats as sps_stats
 from cactus_gguf.llama import Context, ContextOptions
 from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams
 from cactus_gguf.sampling import reference
-from cactus_gguf.spec import VocabMismatchError
+from cactus_gguf.speculative import VocabMismatchError
 
 from reliability_support import make_engine
 
@@ -78,7 +78,7 @@ def test_first_emitted_token_follows_the_method_distribution(tiny_pair, method, 
 
 
 def test_the_end_set_is_end_of_generation_and_the_starts_of_stop_strings(tiny_pair):
-    from cactus_gguf.spec.vocab import end_set, token_pieces
+    from cactus_gguf.speculative.vocab import end_set, token_pieces
 
     with Context.load(tiny_pair[0], context_options=CTX) as m:
         pieces = token_pieces(m.model)
@@ -95,7 +95,7 @@ def test_protected_ends_first_token_follows_the_exact_law(tiny_pair):
     """With --protect-ends the first emitted token follows the exact law of native/law.c (a
     position where Cactus would lower the chance of ending runs SpS), and that law is not plain
     Cactus's: chi-square at ALPHA both ways."""
-    from cactus_gguf.spec.vocab import end_set, token_pieces
+    from cactus_gguf.speculative.vocab import end_set, token_pieces
 
     ver, dft = tiny_pair
     sampling = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)

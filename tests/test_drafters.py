@@ -9,7 +9,7 @@ import pytest
 
 from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams
 from cactus_gguf.sampling import reference
-from cactus_gguf.spec import FixedDraftLength, NgramDrafter
+from cactus_gguf.speculative import FixedDraftLength, NgramDrafter
 
 from reliability_support import make_engine
 from test_decoding import ALPHA, chisquare_pvalue

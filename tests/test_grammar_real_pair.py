@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from cactus_gguf.options import LoadOptions
-from cactus_gguf.spec import Engine
+from cactus_gguf.speculative import Engine
 
 SEEDS = range(20)
 WARPS = dict(temperature=0.6, top_k=20, top_p=0.95, min_p=0.0)

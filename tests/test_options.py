@@ -109,7 +109,7 @@ def test_k_zero_and_method_none_do_not_speculate():
 
 
 def test_a_pair_recommendation_applies_to_run_and_bench_alike():
-    from cactus_gguf.api import settle
+    from cactus_gguf.plan import settle
     from cactus_gguf.registry import load_registry
 
     pair = load_registry().default_pair

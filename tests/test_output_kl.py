@@ -16,7 +16,7 @@ from scipy import stats
 from cactus_gguf.options import LoadOptions, Request
 from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams
 from cactus_gguf.sampling import reference as ref
-from cactus_gguf.spec import Engine
+from cactus_gguf.speculative import Engine
 
 ALPHA = 0.001  # significance level of the chi-square tests
 FLAT = SamplingParams(1.0, 0, 1.0, 0.0)  # no warp: the rows given are p and q

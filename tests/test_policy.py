@@ -1,4 +1,4 @@
-"""The draft-length policies (spec/policy.py): the cost-aware rule with exact numbers, its pause and
+"""The draft-length policies (speculative/policy.py): the cost-aware rule with exact numbers, its pause and
 re-probe schedule, and on the tiny GGUF pair (costs injected, so every decision is known)."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 
 from cactus_gguf.options import LoadOptions
 from cactus_gguf.sampling import StepResult
-from cactus_gguf.spec import Engine
-from cactus_gguf.spec.costs import forward_costs, probe_sizes
-from cactus_gguf.spec.drafters import Draft
-from cactus_gguf.spec.policy import AcceptanceModel, CostAwareDraftLength, ForwardCosts
+from cactus_gguf.speculative import Engine
+from cactus_gguf.speculative.costs import forward_costs, probe_sizes
+from cactus_gguf.speculative.drafters import Draft
+from cactus_gguf.speculative.policy import AcceptanceModel, CostAwareDraftLength, ForwardCosts
 from cactus_gguf.stats import StepOutcome
 
 # This AMD EPYC machine, default pair (issue 11): verifier 33 ms for 1 token ... 222 ms for 17,
@@ -233,7 +233,7 @@ def test_a_probe_the_other_channel_used_up_is_made_next_step():
 
 
 def test_a_fixed_length_allows_every_kind_of_proposal():
-    from cactus_gguf.spec import FixedDraftLength
+    from cactus_gguf.speculative import FixedDraftLength
 
     pol = FixedDraftLength(4, draft_min=2)
     assert pol.uses("model") and pol.uses("ngram")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from cactus_gguf.options import LoadOptions, Request
-from cactus_gguf.spec import Engine
+from cactus_gguf.speculative import Engine
 
 PAPER_SAMPLING = dict(temperature=0.6, top_k=20, top_p=0.95, min_p=0.0)
 GREEDY = dict(temperature=0.0)

@@ -13,7 +13,7 @@ import pytest
 
 import llama_cpp
 from cactus_gguf.llama import Context, DecodeError
-from cactus_gguf.spec import ModelDrafter
+from cactus_gguf.speculative import ModelDrafter
 
 from reliability_support import EOS, KvShadow, StepLog, ctx, make_engine, write_llama
 

@@ -29,7 +29,7 @@ import pytest
 import llama_cpp
 from cactus_gguf.llama import ContextOptions, Model, ModelLoadError
 from cactus_gguf.options import LoadOptions, Request
-from cactus_gguf.spec import Engine, VocabMismatchError
+from cactus_gguf.speculative import Engine, VocabMismatchError
 from cactus_gguf.sampling import NativeSampler
 
 from reliability_support import (ctx, make_engine, mappings_of, memory_slope, rss_mib, track_loads,

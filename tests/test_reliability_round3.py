@@ -51,7 +51,7 @@ PROBE = textwrap.dedent("""
     from pathlib import Path
     from types import SimpleNamespace as NS
     from cactus_gguf.options import LoadOptions
-    from cactus_gguf.spec import costs
+    from cactus_gguf.speculative import costs
 
     cache, model, threads = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 
@@ -216,7 +216,7 @@ def test_nan_is_not_a_number_and_missing_models_name_their_option(files, tmp_pat
     cases = [((tmp_path / "missing.gguf",), "model"),
              ((files["ver"], tmp_path / "missing.gguf"), "model_draft"),
              ((files["ver"], not_gguf), "model_draft")]
-    from cactus_gguf.spec import Engine
+    from cactus_gguf.speculative import Engine
 
     for models, param in cases:
         with pytest.raises(ModelLoadError) as e:
@@ -248,15 +248,15 @@ def test_steps_far_slower_than_probed_log_one_warning(files, caplog, monkeypatch
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]  # once per engine
     message = warnings[0].getMessage()
-    assert warnings[0].name == "cactus_gguf.spec.costs"
+    assert warnings[0].name == "cactus_gguf.speculative.costs"
     for fragment in ("llama_decode steps take", "x the", "spin-wait", "-t 1 / n_threads=1",
                      "stop the other process"):
         assert fragment in message, message
 
 
 def test_the_slow_step_rule():
-    from cactus_gguf.spec.costs import SlowStepWatch
-    from cactus_gguf.spec.policy import ForwardCosts
+    from cactus_gguf.speculative.costs import SlowStepWatch
+    from cactus_gguf.speculative.policy import ForwardCosts
 
     costs = ForwardCosts({1: 0.01, 5: 0.02}, 0.005)
     w = SlowStepWatch(n_threads=2)

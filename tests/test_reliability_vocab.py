@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from cactus_gguf.llama import Context
-from cactus_gguf.spec import VocabMismatchError
+from cactus_gguf.speculative import VocabMismatchError
 from tiny_gguf import WORDS
 
 from reliability_support import (BOS, EOS, KvShadow, StepLog, ctx, make_engine, write_llama)

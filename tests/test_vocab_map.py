@@ -1,4 +1,4 @@
-"""The vocabulary map (cactus_gguf/spec/vocab_map.py) and `cactus-gguf vocab`: exact maps between
+"""The vocabulary map (cactus_gguf/speculative/vocab_map.py) and `cactus-gguf vocab`: exact maps between
 constructed vocabulary-only GGUFs, the cache, and the real Qwen / SmolLM2 files."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from cactus_gguf.cli import main
 from cactus_gguf.errors import InputError
-from cactus_gguf.spec import vocab_map as vmod
+from cactus_gguf.speculative import vocab_map as vmod
 
 N, C, U, B = 1, 3, 5, 6  # token types: normal, control, unused, byte
 BASE = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a", "b", "Ġa", "Ġb", "ab", "Ċ"]

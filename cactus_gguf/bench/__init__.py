@@ -7,13 +7,13 @@ Runs are interleaved, prompt by prompt, with the configuration order rotated fro
 next, so that a machine whose speed drifts (thermal throttling, a neighbour's job) slows every
 configuration alike; speed is then compared through per-prompt ratios, which that drift cancels.
 
-Glossary (as in ``spec/engine.py``): drafted / accepted tokens, acceptance length (AL: accepted
+Glossary (as in ``speculative/engine.py``): drafted / accepted tokens, acceptance length (AL: accepted
 drafts per verification step), tokens per verifier call (AL + 1 whenever a draft was made), time
 split: draft (draft model forwards and sampling), verify (verifier forwards), accept (the native
 acceptance step), other (everything else in the decode loop: Python overhead, detokenization).
 
 Modules: ``grid`` (configurations) · ``prompts`` · ``scoring`` (HumanEval pass@1) · ``summary``
-(statistics, pure functions) · ``run`` (plan and run; forward costs from spec/costs.py) · ``report``
+(statistics, pure functions) · ``run`` (plan and run; forward costs from speculative/costs.py) · ``report``
 (table, JSON) · ``plot`` · ``kernels`` (native-kernel micro-benchmark). The CLI
 (``cactus-gguf bench``) only parses options and prints.
 """

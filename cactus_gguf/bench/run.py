@@ -26,7 +26,7 @@ from ..options import (MODEL_DRAFTERS, LoadOptions, Request, check_value, defaul
                        validate_pairing)
 from .grid import (config_grid, default_methods, needs_draft_model, request_for, schedule,
                    with_schema)
-from ..spec.costs import measure_forward_costs
+from ..speculative.costs import measure_forward_costs
 from .prompts import (HUMANEVAL_INSTRUCTION, BenchPrompt, load_humaneval, load_prompts_jsonl,
                       render_prompt)
 from .scoring import check_completion, extract_completion, json_valid
@@ -91,7 +91,7 @@ def plan_bench(given: Mapping[str, Any], *, warmup: bool = True) -> BenchPlan:
 
     Raises InputError (one line, ``param`` = the option at fault).
     """
-    from ..api import choose_pair, read_file_options, settle
+    from ..plan import choose_pair, read_file_options, settle
 
     pair, verifier, draft = choose_pair(given.get("pair"), given.get("model"),
                                         given.get("model_draft"))
@@ -347,7 +347,7 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
     from tqdm import tqdm
 
     from ..registry import resolve_model
-    from ..spec import Engine
+    from ..speculative import Engine
 
     say = log or (lambda _msg: None)
     journal, done = open_journal(output, plan, resume) if output is not None else (None, [])

@@ -90,7 +90,7 @@ def vocab_command(verifier: str, draft: str, json: bool) -> None:
 
     from .. import registry
     from ..errors import InputError
-    from ..spec.vocab_map import describe, vocab_map
+    from ..speculative.vocab_map import describe, vocab_map
 
     try:
         paths = [registry.resolve_model(m) for m in (verifier, draft)]

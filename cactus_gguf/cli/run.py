@@ -68,25 +68,25 @@ def run(ctx: click.Context, verifier, draft, **_options) -> None:
     VERIFIER and DRAFT are GGUF paths or models.yaml names; with neither, the default pair is
     used (fetched on first use).
     """
-    from .. import api
+    from .. import plan as planner
 
     values = given(ctx)
     models_from_arguments(values, verifier, draft)
     if values.get("verbose"):
         logging.basicConfig(level=logging.DEBUG, format="%(message)s")
     try:
-        plan = api.plan_run(values)  # validates everything before any model loads
+        plan = planner.plan_run(values)  # validates everything before any model loads
         out = _Output()
     except (CactusError, OSError) as e:
         report_error(e)
 
     as_json = bool(values.get("json"))
     try:
-        result = api.execute_run(plan, on_text=None if as_json else out.write)
+        result = planner.execute_run(plan, on_text=None if as_json else out.write)
     except KeyboardInterrupt as e:
         partial = getattr(e, "result", None)
         if as_json:  # what was generated is not lost (nothing, if the models were still loading)
-            out.json(api.result_json(partial or api.nothing_generated(plan), plan))
+            out.json(planner.result_json(partial or planner.nothing_generated(plan), plan))
         elif out.printed:
             out.write("\n")
         exit_interrupted()
@@ -96,13 +96,13 @@ def run(ctx: click.Context, verifier, draft, **_options) -> None:
     except (CactusError, ValueError, RuntimeError, OSError) as e:
         partial = getattr(e, "result", None)  # an RPC server lost mid-generation
         if as_json and partial is not None:
-            out.json(api.result_json(partial, plan))
+            out.json(planner.result_json(partial, plan))
         elif out.printed:
             out.write("\n")
         report_error(e)
     try:
         if as_json:
-            out.json(api.result_json(result, plan))
+            out.json(planner.result_json(result, plan))
             return
         out.write("\n")
     except OutputError as e:

@@ -40,7 +40,7 @@ def serve(ctx: click.Context, verifier, draft, **_options) -> None:
     except ImportError as e:
         fail(f"the server needs its extra packages ({e.name} is missing): "
              "pip install 'cactus-gguf[server]'")
-    from .. import api
+    from .. import plan as planner
     from .run import models_from_arguments
 
     values = given(ctx)
@@ -48,7 +48,7 @@ def serve(ctx: click.Context, verifier, draft, **_options) -> None:
     if values.get("verbose"):
         logging.basicConfig(level=logging.DEBUG, format="%(message)s")
     try:
-        plan = api.plan_serve(values)
+        plan = planner.plan_serve(values)
     except (CactusError, OSError) as e:
         report_error(e)
     p = plan.settings
@@ -56,7 +56,7 @@ def serve(ctx: click.Context, verifier, draft, **_options) -> None:
         click.echo(f"cactus-gguf: warning: listening on {p['host']} without --api-key: anyone who "
                    "can reach this address can use the server", err=True)
     sock = _bind(p["host"], p["port"])
-    worker = Worker(lambda: api.open_engine(plan.run, probe=True), max_queue=p["max_queue"])
+    worker = Worker(lambda: planner.open_engine(plan.run, probe=True), max_queue=p["max_queue"])
     config = ServerConfig(defaults=plan.run.request, model_id=plan.model_id,
                           verifier=plan.run.verifier_spec, draft=plan.run.draft_spec,
                           api_key=p["api_key"], strict_model=p["strict_model"],

@@ -7,7 +7,7 @@ llama-cpp-python: 0.05 ms per mask (median) against 36 ms, rollback and copy ~0.
 bounds (``minimum``...) kept where llama-cpp-python's schema converter drops them. xgrammar needs
 torch. See README "Structured output".
 
-How a constrained step uses it (spec/step.py), for committed tokens t_0 .. t_{L-1}:
+How a constrained step uses it (speculative/step.py), for committed tokens t_0 .. t_{L-1}:
 
     row 0           = the mask after t_0 .. t_{L-1} (the committed state)
     push(d_i)       the draft samples d_i under row i-1; the state advances along the drafted path

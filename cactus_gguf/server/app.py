@@ -390,14 +390,14 @@ class _Shape:
     def speculative(self, result) -> dict:
         """The speculative block: what speculation did for this request."""
         s, r = result.stats, self.request
-        spec = r.speculates
-        method = r.method if spec else "none"  # k = 0 reports method none: the verifier alone
+        speculates = r.speculates
+        method = r.method if speculates else "none"  # k = 0 reports method none: the verifier alone
         return {"method": method, "delta": r.delta if method == "cactus" else None,
                 "solver": r.solver if method == "cactus" else None,
                 "budget": r.budget if method == "cactus" else None,
-                "k": r.k if spec else None,
-                "k_max": r.k_max if spec and r.k == "auto" else None,
-                "drafter": r.drafter if spec else None,
+                "k": r.k if speculates else None,
+                "k_max": r.k_max if speculates and r.k == "auto" else None,
+                "drafter": r.drafter if speculates else None,
                 "acceptance_length": s.mean_accepted_length, "acceptance_rate": s.acceptance_rate,
                 "tokens_per_verifier_call": s.tokens_per_verifier_call, "kl_mean": s.kl_mean,
                 "kl_max": s.kl_max, "output_kl_mean": s.output_kl_mean,

@@ -221,12 +221,12 @@ def overrides(body: _Common) -> dict[str, Any]:
         if len(out["stop"]) > MAX_STOP:
             raise InputError(f"stop takes at most {MAX_STOP} strings (as OpenAI), got "
                              f"{len(out['stop'])}", param="stop")
-    spec = body.speculative
-    if spec is False:
+    speculative = body.speculative
+    if speculative is False:
         out["method"] = "none"
-    elif isinstance(spec, Speculative):
-        out.update({k: v for k, v in spec.model_dump().items() if v is not None})
-    elif spec is True or spec is None:
+    elif isinstance(speculative, Speculative):
+        out.update({k: v for k, v in speculative.model_dump().items() if v is not None})
+    elif speculative is True or speculative is None:
         pass
     out.update(constraint_fields(body))
     return out

@@ -17,7 +17,7 @@ def signature(engine) -> str:
 @contextmanager
 def load_pair(verifier, draft, n_ctx: int):
     from cactus_gguf.options import LoadOptions
-    from cactus_gguf.spec import Engine
+    from cactus_gguf.speculative import Engine
 
     with Engine(verifier, draft, LoadOptions(n_ctx=n_ctx)) as engine:
         yield engine

@@ -3,7 +3,7 @@
 ``plan_run`` settles every option — the user's values, else a registry pair's recommendation, else
 the default — validates them and reads the prompt, all *before* any model is fetched or loaded;
 ``execute_run`` loads the pair and generates. The CLI is a thin wrapper over these two calls;
-embedders who already have paths use :class:`~cactus_gguf.spec.Engine` directly.
+embedders who already have paths use :class:`~cactus_gguf.speculative.Engine` directly.
 """
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ def open_engine(plan: RunPlan, probe: bool = False):
     (a cache hit, or the probe) rather than at the first request (the server does).
     Raises ModelLoadError / VocabMismatchError / registry errors."""
     from .registry import resolve_model
-    from .spec import Engine
+    from .speculative import Engine
 
     verifier = resolve_model(plan.verifier_spec)
     draft = resolve_model(plan.draft_spec) if plan.draft_spec is not None else None
@@ -273,8 +273,8 @@ def result_json(result: GenerationResult, plan: RunPlan) -> dict:
     """The ``--json`` object: text, settings and every statistic (seconds, tokens/s, nats).
     Settings that do not apply to the method are null."""
     r = plan.request
-    spec = r.speculates
-    method = r.method if spec else "none"  # k = 0 reports method none: the verifier alone
+    speculates = r.speculates
+    method = r.method if speculates else "none"  # k = 0 reports method none: the verifier alone
     out = {
         "text": result.text,
         "tokens": result.tokens,
@@ -286,8 +286,8 @@ def result_json(result: GenerationResult, plan: RunPlan) -> dict:
         "solver": r.solver if method == "cactus" else None,
         "budget": r.budget if method == "cactus" else None,
         "k": r.k,
-        "k_max": r.k_max if spec and r.k == "auto" else None,
-        "drafter": r.drafter if spec else None,
+        "k_max": r.k_max if speculates and r.k == "auto" else None,
+        "drafter": r.drafter if speculates else None,
         "typical_epsilon": r.typical_epsilon if method == "typical" else None,
         "typical_alpha": r.typical_alpha if method == "typical" else None,
         "accept_top_k": r.accept_top_k if method == "topk" else None,

@@ -317,7 +317,7 @@ class Engine:
 
     def _end_mask(self, req: Request) -> np.ndarray | None:
         """The packed end set (uint32 [ceil(V / 32)]) of a Cactus request with ``protect_ends``:
-        end-of-generation tokens and the starts of its stop strings (spec/vocab.py); None when
+        end-of-generation tokens and the starts of its stop strings (speculative/vocab.py); None when
         the request does not protect ends. Built once per set of stop strings."""
         if not req.speculates or req.method != "cactus" or req.protect_ends == "off":
             return None
@@ -354,7 +354,7 @@ class Engine:
 
     def forward_costs(self, k_max: int) -> ForwardCosts:
         """What a verifier batch of 1 .. k_max + 1 tokens and a draft token cost on this machine
-        (``-k auto``'s cost model, spec/costs.py): from the cache directory when probed before
+        (``-k auto``'s cost model, speculative/costs.py): from the cache directory when probed before
         for these models, build, threads and context size, else probed now (both KV caches are
         emptied). ``probe`` tells how: {"cached": bool, "seconds": float} (None before)."""
         with self._lock:  # the probe decodes on both contexts
