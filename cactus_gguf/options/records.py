@@ -9,8 +9,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
-from .errors import InputError
-from .options import BY_NAME, Option, check_value, options_in
+from ..errors import InputError
+from . import BY_NAME, Option, check_value, options_in
 
 
 def opt(name: str) -> Any:
@@ -208,7 +208,7 @@ def constraint_of(r):
     if len(given) > 1:
         raise InputError(f"give one output constraint, not {{{given[0]}}} and {{{given[1]}}}",
                          param=given[1], options=(given[0],))
-    from .sampling.constraints import grammar_spec
+    from ..sampling.constraints import grammar_spec
 
     return grammar_spec(given[0], getattr(r, given[0]) if given[0] != "json_object" else "")
 

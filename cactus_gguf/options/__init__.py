@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from .errors import InputError
+from ..errors import InputError
 from .values import (_endpoints, _nonempty, _tensor_split, normalize_json_schema,
                      parse_endpoints, parse_tensor_split)
 
@@ -490,8 +490,3 @@ def markdown_table(command: str = "run") -> str:
 
 from .records import (CONSTRAINTS, LoadOptions, Request, check_fields,  # noqa: E402
                       constraint_of, opt, option_of, validate_pairing)
-
-if __name__ == "__main__":  # python -m cactus_gguf.options [COMMAND]: print the flag table
-    import sys
-
-    print(markdown_table(sys.argv[1] if len(sys.argv) > 1 else "run"), end="")

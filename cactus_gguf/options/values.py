@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .errors import InputError
+from ..errors import InputError
 
 __all__ = ["normalize_json_schema", "parse_endpoints", "parse_tensor_split"]
 
