@@ -5,6 +5,7 @@ Tiny random-weight models (float32, V = 281) that llama.cpp loads for real; one 
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -179,7 +180,7 @@ def test_an_abandoned_stream_leaves_the_engine_consistent(engine):
 
 def test_request_objects_are_frozen_and_validated():
     r = Request(k=3)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'k'"):
         r.k = 5  # frozen
     assert r.replace(k=5).k == 5 and r.k == 3
     with pytest.raises(InputError, match=r"draft_min must be in \[0, k=3\], got 4"):
