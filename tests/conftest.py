@@ -13,6 +13,21 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# the fixtures that load the real models; a test using one (directly or through another fixture) is
+# marked real_pair, so `-m "not real_pair"` leaves them out
+REAL_MODEL_FIXTURES = frozenset({"qwen_pair", "smollm_path"})
+MARKED_FILES = {"test_rpc.py": "rpc", "test_server_page.py": "browser"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real_pair)
+        marker = MARKED_FILES.get(item.path.name)
+        if marker:
+            item.add_marker(getattr(pytest.mark, marker))
+
+
 @pytest.fixture(scope="session")
 def qwen_pair() -> tuple[Path, Path]:
     """(verifier_path, draft_path): the real Qwen2.5-Coder 1.5B / 0.5B Q4_K_M GGUF files.
