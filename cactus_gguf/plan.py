@@ -18,7 +18,8 @@ from .options import (BY_NAME, MODEL_DRAFTERS, LoadOptions, Request, check_value
 from .stats import GenerationResult
 
 __all__ = ["RunPlan", "ServePlan", "plan_run", "plan_serve", "open_engine", "execute_run",
-           "result_json", "choose_pair", "settle", "read_file_options", "Interrupted"]
+           "result_json", "choose_pair", "settle", "read_file_options", "Interrupted",
+           "list_devices"]
 
 
 class Interrupted(KeyboardInterrupt):
@@ -244,21 +245,42 @@ def execute_run(plan: RunPlan, on_text: Callable[[str], None] | None = None) -> 
     """
     from .llama.devices import RpcServerLostError
 
-    stream = None
+    stream = placement = None
+
+    def placed(result: GenerationResult | None) -> GenerationResult | None:
+        if result is not None:
+            result.placement = placement
+        return result
+
     try:
         with open_engine(plan) as engine:
+            placement = {role: c.model.placement for role, c in
+                         (("verifier", engine.verifier), ("draft", engine.draft))
+                         if c is not None and c.model.placement is not None} or None
             prompt = (engine.format_chat([{"role": "user", "content": plan.prompt}])
                       if plan.chat else plan.prompt)
             stream = engine.stream(prompt)
             for piece in stream:
                 if on_text is not None:
                     on_text(piece)
-            return stream.result
+            return placed(stream.result)
     except KeyboardInterrupt:
-        raise Interrupted(stream.partial() if stream is not None else None) from None
+        raise Interrupted(placed(stream.partial()) if stream is not None else None) from None
     except RpcServerLostError as e:  # the text so far is kept: the error carries it
-        e.result = stream.partial("error") if stream is not None else None
+        e.result = placed(stream.partial("error")) if stream is not None else None
         raise
+
+
+def list_devices(given: Mapping[str, Any],
+                 name: Callable[[str], str] = lambda n: n) -> list[str]:
+    """The ``--list-devices`` lines (llama/placement.py device_report) under the load options the
+    user set (validated first: InputError; RpcError for an RPC server that does not answer);
+    ``name`` spells an option in them (the CLI: its flag)."""
+    from .llama.placement import device_report
+
+    values = settle(given)
+    load = LoadOptions(**_of_scope(values, "load"))
+    return device_report(load, name=name)
 
 
 def nothing_generated(plan: RunPlan) -> GenerationResult:
@@ -306,4 +328,8 @@ def result_json(result: GenerationResult, plan: RunPlan) -> dict:
         "pair": plan.pair_name,
     }
     out.update(result.stats.as_dict())
+    # where each model's layers went: {"verifier": {"layers": 29, "offloaded": 29, "devices":
+    # {"Vulkan0": 29}, "output": "Vulkan0", "summary": "29/29 layers on Vulkan0"}, "draft": ...}
+    out["placement"] = ({role: p.as_dict() for role, p in result.placement.items()}
+                        if result.placement else None)
     return out

@@ -209,3 +209,6 @@ class GenerationResult:
     seed: int
     message: str = ""  # human-readable detail for the stop, e.g. "context full (n_ctx=4096)"
     n_ctx: int = 0  # the verifier's context size, tokens (as llama.cpp rounded it)
+    # where each model's layers went ("verifier", "draft": llama/placement.py LayerPlacement);
+    # filled by the run planner (plan.execute_run), None elsewhere
+    placement: dict | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import _thread
 import errno
+import functools
 import os
 import signal
 import sys
@@ -137,10 +138,29 @@ def model_command(name: str, *, grid: bool = False):
     from .params import schema_options
 
     def decorate(f):
-        f = schema_options(name, grid=grid)(click.pass_context(f))
-        f = click.argument("verifier", required=False)(click.argument("draft", required=False)(f))
-        return main.command(name, context_settings={"show_default": True})(f)
+        def command(ctx: click.Context, verifier, draft, **options):
+            if options.get("list_devices"):  # every model command: print them, load nothing
+                return _list_devices(ctx)
+            return f(ctx, verifier, draft, **options)
+
+        functools.update_wrapper(command, f)
+        c = schema_options(name, grid=grid)(click.pass_context(command))
+        c = click.argument("verifier", required=False)(click.argument("draft", required=False)(c))
+        return main.command(name, context_settings={"show_default": True})(c)
     return decorate
+
+
+def _list_devices(ctx: click.Context) -> None:
+    """``--list-devices``: this build's backends and devices, and which the models would use."""
+    from .. import plan as planner
+    from .params import given
+
+    try:
+        lines = planner.list_devices(given(ctx), lambda n: flag_of(n).split('/')[0])
+    except CactusError as e:
+        report_error(e)
+    for line in lines:
+        click.echo(line)
 
 
 from . import bench, models, run, serve  # noqa: E402,F401  (the subcommands register themselves)

@@ -44,6 +44,8 @@ def summary(result, request) -> str:
     constraint = next((n for n in CONSTRAINTS if getattr(request, n) not in (None, False)), None)
     if constraint is not None:
         parts.append(f"{constraint.replace('_', ' ')}: {s.grammar_ms_per_token:.3f} ms/token masks")
+    if result.placement:
+        parts.append(", ".join(f"{role}: {p.summary()}" for role, p in result.placement.items()))
     stop = result.stop_reason + (f" ({result.message})" if result.message else "")
     parts.append(f"stop: {stop}")
     parts.append(f"seed {result.seed}")

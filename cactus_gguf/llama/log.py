@@ -16,7 +16,7 @@ import types
 import llama_cpp
 
 __all__ = ["init_backend", "last_error", "clear_errors", "in_log_callback", "critical",
-           "in_critical_section"]
+           "in_critical_section", "capture"]
 
 # ggml.h enum ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continues a line).
 _LOG_LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING,
@@ -24,6 +24,7 @@ _LOG_LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WA
 _recent_errors: collections.deque[str] = collections.deque(maxlen=8)
 _llama_log = logging.getLogger("cactus_gguf.llama_cpp")
 _llama_log.addHandler(logging.NullHandler())
+_captures: list[list[str]] = []  # capture(): the lists every message is also appended to
 
 
 def _log_message(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
@@ -33,6 +34,8 @@ def _log_message(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     py_level = _LOG_LEVELS.get(level, logging.DEBUG)
     if py_level >= logging.ERROR:
         _recent_errors.append(message)
+    for lines in _captures:
+        lines.append(message)
     _llama_log.log(py_level, "%s", message)
 
 
@@ -79,6 +82,18 @@ def critical():
 def in_critical_section() -> bool:
     """True inside :func:`critical` in this thread."""
     return getattr(_critical, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def capture():
+    """Within the block, every llama.cpp log message (from any thread: an RPC model loads on
+    another) is also appended to the list this yields, e.g. a model load's layer placement."""
+    lines: list[str] = []
+    _captures.append(lines)
+    try:
+        yield lines
+    finally:
+        _captures.remove(lines)
 
 
 def clear_errors() -> None:

@@ -20,6 +20,7 @@ from ..errors import EngineError, InputError
 from ..options import check_value, default
 from . import devices, log
 from .hw import build_has_amx, cpu_has_amx
+from .placement import LayerPlacement, parse_layer_lines
 
 __all__ = ["ModelOptions", "ModelLoadError", "Model", "check_gguf_path"]
 
@@ -111,11 +112,13 @@ class Model:
         self.remote = devices.uses_rpc(self._devices)
         log.clear_errors()
         try:
-            with log.critical():
+            with log.critical(), log.capture() as lines:
                 self._model = devices.call(self.remote, lambda: _internals.LlamaModel(
                     path_model=str(self.path), params=mparams, verbose=True))
         except ValueError:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {log.last_error()}") from None
+        #: where the layers went (llama.cpp's own account of this load); None if it gave none
+        self.placement: LayerPlacement | None = parse_layer_lines(lines)
         if self.remote:
             devices.abandon_on_loss(self._abandon)
         self.ptr = self._model.model

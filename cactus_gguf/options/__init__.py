@@ -365,6 +365,11 @@ OPTIONS: tuple[Option, ...] = (
            "streaming", ("--json",), scope="run", commands=frozenset({"run", "models", "vocab"})),
     Option("verbose", bool, False, "show llama.cpp's log", ("-v", "--verbose"), scope="run",
            commands=_GEN),
+    Option("list_devices", bool, False, "print this llama.cpp build's backends and devices (with "
+           "their memory) and the devices the verifier's and the draft's offloaded layers would "
+           "use under the other options (`-ngl`, `--device`, `--rpc`...), then exit (as llama.cpp's "
+           "`--list-devices`); a run's summary and `--json` say where each model's layers went",
+           ("--list-devices",), scope="run", commands=_ALL),
     # -- serve: the OpenAI-compatible server -------------------------------------------------------
     Option("host", str, "127.0.0.1", "address to listen on (a non-loopback address without "
            "`--api-key` gets a warning)", ("--host",), scope="serve", metavar="ADDR",

@@ -1,0 +1,180 @@
+"""Which backends and devices this llama.cpp build has, which a model would use, and where a loaded
+model's layers went.
+
+- :func:`device_report`: the lines of ``--list-devices`` (llama.cpp's flag): every backend the
+  build registered, every device with its type and memory, and the devices the verifier's and the
+  draft's offloaded layers would go to under the given options (``-ngl``, ``--device``, ``--rpc``),
+  decided as llama.cpp's model loader decides (src/llama.cpp ``llama_prepare_model_devices``: RPC
+  servers first, then the GPUs, the integrated GPUs only when there is no other GPU).
+- :class:`LayerPlacement`: where one loaded model's layers are, as llama.cpp's loader reported it
+  (its ``load_tensors: layer N assigned to device D`` log lines, one per repeating layer and one
+  for the output layer: L + 1 "layers" in all, as llama.cpp counts in ``offloaded 29/29 layers``).
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import llama_cpp
+
+from . import devices
+from .devices import _DEV_CPU, _DEV_GPU, _DEV_IGPU, _P, _dev_description, _dev_name, _fn
+
+__all__ = ["LayerPlacement", "device_report", "device_memory", "parse_layer_lines", "devices_key"]
+
+_DEV_ACCEL = 3  # enum ggml_backend_dev_type: CPU, GPU, IGPU, ACCEL
+_TYPE_NAMES = {_DEV_CPU: "CPU", _DEV_GPU: "GPU", _DEV_IGPU: "integrated GPU",
+               _DEV_ACCEL: "accelerator"}
+
+# llama-model.cpp load_tensors (LLAMA_LOG_DEBUG), once per layer il = 0 .. L (L: the output layer)
+_LAYER_LINE = re.compile(r"load_tensors: layer\s+(\d+) assigned to device (\S+?),")
+
+
+@dataclass(frozen=True)
+class LayerPlacement:
+    """The device of each of a model's L + 1 layers (``devices[L]``: the output layer), as names
+    (``CPU``, ``Vulkan0``, ``CUDA0``, ``RPC0``...)."""
+
+    devices: tuple[str, ...]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.devices)
+
+    @property
+    def n_offloaded(self) -> int:
+        return sum(d != "CPU" for d in self.devices)
+
+    def counts(self) -> dict[str, int]:
+        """Layers per device, offload devices first in the order their layers come, CPU last."""
+        out: dict[str, int] = {}
+        for d in sorted(self.devices, key=lambda d: d == "CPU"):
+            out[d] = out.get(d, 0) + 1
+        return out
+
+    def summary(self) -> str:
+        """``29/29 layers on Vulkan0``, ``10/29 layers on Vulkan0, 19 on CPU``, ``0/29 layers
+        offloaded (CPU)``."""
+        counts = self.counts()
+        cpu = counts.pop("CPU", 0)
+        if not counts:
+            return f"0/{self.n_layers} layers offloaded (CPU)"
+        where = (next(iter(counts)) if len(counts) == 1
+                 else " + ".join(f"{d} ({n})" for d, n in counts.items()))
+        return (f"{self.n_offloaded}/{self.n_layers} layers on {where}"
+                + (f", {cpu} on CPU" if cpu else ""))
+
+    def as_dict(self) -> dict:
+        """The ``--json`` form: layers (L + 1), offloaded, layers per device, the output layer's
+        device."""
+        return {"layers": self.n_layers, "offloaded": self.n_offloaded, "devices": self.counts(),
+                "output": self.devices[-1], "summary": self.summary()}
+
+
+def devices_key(*placements: "LayerPlacement | None") -> str:
+    """The devices holding these placements' layers, each with its description and layer count
+    (``Vulkan0=llvmpipe (LLVM 15.0.6, 256 bits):29``): what a forward-cost measurement depends on
+    beyond the CPU (llama.cpp's system info names the CPU's features only, the same for a CPU
+    and a GPU build)."""
+    described = {_dev_name(d): _dev_description(d) for d in devices._all_devices()}
+    return "; ".join(",".join(f"{name}={described.get(name, '?')}:{n}"
+                              for name, n in p.counts().items())
+                     if p is not None else "unknown" for p in placements)
+
+
+def parse_layer_lines(lines: Sequence[str]) -> LayerPlacement | None:
+    """The placement from llama.cpp's ``layer N assigned to device D`` lines of one load (None
+    when there are none, or they do not cover layers 0 .. L exactly once: another llama.cpp)."""
+    found: dict[int, str] = {}
+    for line in lines:
+        m = _LAYER_LINE.search(line)
+        if m:
+            found[int(m.group(1))] = m.group(2)
+    if not found or sorted(found) != list(range(len(found))):
+        return None
+    return LayerPlacement(tuple(found[i] for i in range(len(found))))
+
+
+# ------------------------------------------------------------------------------------------------
+# --list-devices
+# ------------------------------------------------------------------------------------------------
+
+def device_memory(dev) -> tuple[int, int]:
+    """(free, total) bytes of a ggml device, as its backend reports them (0, 0: it reports none)."""
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    _fn("ggml_backend_dev_memory", None, [_P, ctypes.POINTER(ctypes.c_size_t),
+                                          ctypes.POINTER(ctypes.c_size_t)])(
+        dev, ctypes.byref(free), ctypes.byref(total))
+    return free.value, total.value
+
+
+def _dev_type(dev) -> int:
+    return _fn("ggml_backend_dev_type", ctypes.c_int, [_P])(dev)
+
+
+def _backends() -> list[str]:
+    count = _fn("ggml_backend_reg_count", ctypes.c_size_t, [])()
+    get = _fn("ggml_backend_reg_get", _P, [ctypes.c_size_t])
+    name = _fn("ggml_backend_reg_name", ctypes.c_char_p, [_P])
+    return [(name(get(i)) or b"?").decode() for i in range(count)]
+
+
+def _default_devices() -> list:
+    """The devices llama.cpp gives a model when none are named: RPC servers first, then the
+    GPUs, then the integrated GPUs only if there is no other GPU (src/llama.cpp)."""
+    everything = devices._all_devices()
+    rpc = [d for d in everything if d in devices._rpc_dev_ptrs]
+    gpus = [d for d in everything if d not in devices._rpc_dev_ptrs and _dev_type(d) == _DEV_GPU]
+    igpus = [d for d in everything if _dev_type(d) == _DEV_IGPU]
+    return rpc + gpus + ([] if gpus else igpus)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def _would_use(role: str, flags: tuple[str, str], n_gpu_layers: int, device: str | None,
+               rpc: str | None, param_device: str, param_rpc: str) -> str:
+    """One model's line: the devices its offloaded layers would go to, in llama.cpp's order
+    (``flags``: how the line names the layer-count and device options)."""
+    chosen = devices.device_list(device, rpc, param_device=param_device, param_rpc=param_rpc)
+    devs = [d for d in chosen if d] if chosen is not None else _default_devices()
+    layers_flag, device_flag = flags
+    if n_gpu_layers == 0 or not devs:
+        why = (f"{layers_flag} 0" if n_gpu_layers == 0 else
+               f"{device_flag} none" if device is not None else "no offload device in this build")
+        return f"{role}: CPU only ({why})"
+    layers = "all layers" if n_gpu_layers < 0 else f"up to {n_gpu_layers} layers"
+    return (f"{role} ({layers_flag} {n_gpu_layers}: {layers}): "
+            + ", ".join(_dev_name(d) for d in devs))
+
+
+def device_report(load, *, with_draft: bool = True,
+                  name: Callable[[str], str] = lambda n: n) -> list[str]:
+    """The ``--list-devices`` lines for the load options ``load`` (a LoadOptions): this build's
+    backends, every device (name, description, type, memory free / total) and the devices the
+    verifier (and, ``with_draft``, the draft) would offload to; ``name`` spells an option (API
+    name by default; the CLI passes its flags). RPC servers of ``rpc`` / ``rpc_draft`` are probed
+    and registered first (RpcError when one does not answer)."""
+    from . import log
+
+    log.init_backend()
+    # first, as it registers the RPC servers: they are devices too
+    verifier = _would_use("verifier", (name("n_gpu_layers"), name("device")), load.n_gpu_layers,
+                          load.device, load.rpc, "device", "rpc")
+    draft = (_would_use("draft", (name("n_gpu_layers_draft"), name("device_draft")),
+                        load.n_gpu_layers_draft, load.device_draft, load.rpc_draft,
+                        "device_draft", "rpc_draft") if with_draft else None)
+    lines = [f"llama.cpp (llama-cpp-python {llama_cpp.__version__}) backends: "
+             + ", ".join(_backends()), "devices:"]
+    for d in devices._all_devices():
+        free, total = device_memory(d)
+        memory = f"{_mib(total)}, {_mib(free)} free" if total else "memory not reported"
+        kind = "RPC server" if d in devices._rpc_dev_ptrs else _TYPE_NAMES.get(_dev_type(d), "?")
+        lines.append(f"  {_dev_name(d)}: {_dev_description(d)} ({kind}; {memory})")
+    lines.append(verifier)
+    if draft is not None:
+        lines.append(draft)
+    return lines
