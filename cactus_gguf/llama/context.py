@@ -122,6 +122,11 @@ class Context:
         self.n_ctx: int = llama_cpp.llama_n_ctx(self.ptr)
         self.n_batch: int = llama_cpp.llama_n_batch(self.ptr)
         self.tokens: list[int] = []
+        # ggml-vulkan (seen on Mesa's lavapipe): when a context's first llama_decode has no output
+        # row (a prompt decoded without logits), the next multi-token decode with outputs
+        # segfaults in the driver's thread. So on builds that offload, every batch asks for at
+        # least its last row (one row of the output layer; the KV cache is the same either way).
+        self._output_every_batch = bool(llama_cpp.llama_supports_gpu_offload())
         self._should_stop = None  # interruptible(): asked between the n_batch chunks of a decode
         # One reusable batch of n_batch rows; seq_id / n_seq_id never change (one sequence).
         with log.critical():
@@ -231,6 +236,8 @@ class Context:
             self._b_logits[:m] = 0
             if first_out < m:
                 self._b_logits[first_out:m] = 1
+            elif self._output_every_batch:
+                self._b_logits[m - 1] = 1  # an unused output row (see __init__)
             self._batch.batch.n_tokens = m
             rc = devices.call(self._remote, llama_cpp.llama_decode, self.ptr, self._batch.batch)
             if rc != 0:

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import filelock
 
 from ..llama.hw import system_info
+from ..llama.placement import devices_key
 from .policy import ForwardCosts
 
 __all__ = ["measure_forward_costs", "forward_costs", "probe_sizes", "store_costs",
@@ -104,7 +105,10 @@ def _key(engine, k_max: int) -> str:
              str(lo.n_gpu_layers), str(lo.n_gpu_layers_draft), str(k_max),
              # where the layers run: an RPC server's costs are its machine's and its network's
              str(lo.device), str(lo.rpc), str(lo.device_draft), str(lo.rpc_draft),
-             str(lo.tensor_split)]
+             str(lo.tensor_split),
+             # which devices hold the layers (a CPU and a GPU build have the same system info)
+             devices_key(*(getattr(c.model, "placement", None) if c is not None else None
+                           for c in (engine.verifier, engine.draft)))]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
