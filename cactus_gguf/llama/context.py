@@ -25,6 +25,7 @@ from ..options import check_fields, opt
 from . import devices, log
 from .hw import default_threads, physical_memory
 from .model import ModelLoadError, Model, ModelOptions
+from .placement import kv_shares
 
 __all__ = ["ContextOptions", "Context", "DecodeError", "DecodeCancelled", "KvCacheTooLargeError"]
 
@@ -97,6 +98,17 @@ class Context:
                 f"{{n_ctx}}={n_ctx_eff} needs about {kv_bytes / 2**30:.1f} GiB of KV cache for "
                 f"{model.path.name}, more than this machine's {ram / 2**30:.1f} GiB of memory: "
                 "lower {n_ctx}", param="n_ctx")
+        # ... and a device's share larger than its free memory (ggml's figure for it, after the
+        # weights): llama.cpp would fail to allocate it (or, on a driver that oversubscribes,
+        # page it to and fro); llama.cpp's own `--fit` would shrink the context instead
+        for name, description, share, free in (kv_shares(model.placement, kv_bytes)
+                                                 if model.placement is not None else ()):
+            if share > free:
+                raise KvCacheTooLargeError(
+                    f"{{n_ctx}}={n_ctx_eff} needs about {share / 2**30:.1f} GiB of KV cache on "
+                    f"{name} ({description}) for {model.path.name}, more than its "
+                    f"{free / 2**30:.1f} GiB free: lower {{n_ctx}} (or offload fewer layers)",
+                    param="n_ctx")
         cparams = llama_cpp.llama_context_default_params()
         self.n_threads = options.n_threads or default_threads()
         cparams.n_ctx = options.n_ctx

@@ -22,7 +22,8 @@ import llama_cpp
 from . import devices
 from .devices import _DEV_CPU, _DEV_GPU, _DEV_IGPU, _P, _dev_description, _dev_name, _fn
 
-__all__ = ["LayerPlacement", "device_report", "device_memory", "parse_layer_lines", "devices_key"]
+__all__ = ["LayerPlacement", "device_report", "device_memory", "parse_layer_lines", "devices_key",
+           "kv_shares"]
 
 _DEV_ACCEL = 3  # enum ggml_backend_dev_type: CPU, GPU, IGPU, ACCEL
 _TYPE_NAMES = {_DEV_CPU: "CPU", _DEV_GPU: "GPU", _DEV_IGPU: "integrated GPU",
@@ -82,6 +83,25 @@ def devices_key(*placements: "LayerPlacement | None") -> str:
     return "; ".join(",".join(f"{name}={described.get(name, '?')}:{n}"
                               for name, n in p.counts().items())
                      if p is not None else "unknown" for p in placements)
+
+
+def kv_shares(placement: "LayerPlacement", kv_bytes: int) -> list[tuple[str, str, int, int]]:
+    """Where a KV cache of ``kv_bytes`` goes: llama.cpp keeps each layer's keys and values on its
+    layer's device, so an offload device holds its share of the repeating layers. Returns
+    (name, description, bytes of KV it would hold, bytes free now) per device other than the
+    CPU (the CPU's share is host memory: Context checks the machine's)."""
+    repeating = placement.devices[:-1]  # the last "layer" is the output layer: no KV
+    by_name = {_dev_name(d): d for d in devices._all_devices()}
+    out = []
+    for name in dict.fromkeys(d for d in repeating if d != "CPU"):
+        dev = by_name.get(name)
+        if dev is None:
+            continue
+        free, total = device_memory(dev)
+        if total:  # a device that reports no memory is not checked
+            share = kv_bytes * sum(d == name for d in repeating) // max(1, len(repeating))
+            out.append((name, _dev_description(dev), share, free))
+    return out
 
 
 def parse_layer_lines(lines: Sequence[str]) -> LayerPlacement | None:
