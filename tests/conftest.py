@@ -16,7 +16,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # the fixtures that load the real models; a test using one (directly or through another fixture) is
 # marked real_pair, so `-m "not real_pair"` leaves them out
 REAL_MODEL_FIXTURES = frozenset({"qwen_pair", "smollm_path"})
-MARKED_FILES = {"test_rpc.py": "rpc", "test_server_page.py": "browser"}
+MARKED_FILES = {"test_rpc.py": "rpc", "test_server_page.py": "browser", "test_vulkan.py": "vulkan"}
 
 
 def pytest_collection_modifyitems(config, items):

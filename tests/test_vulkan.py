@@ -1,0 +1,304 @@
+"""The GPU code path for real: llama.cpp's Vulkan backend on Mesa's lavapipe (a software Vulkan
+device), with ``-ngl`` / ``-ngld`` offloading the layers, KV caches and logits of both models.
+
+Everything runs in subprocesses on llama.cpp built with ``-DGGML_VULKAN=ON`` from the pinned
+llama-cpp-python's vendored source (tests/gpu_support.py: built once, cached in
+~/.cache/cactus-gguf/gpu-build; the Debian packages are installed when missing), selected with
+``LLAMA_CPP_LIB_PATH``: the CLI (``python -m cactus_gguf``), or one of the ``job_*`` functions
+below through :func:`on_device` for what needs the API in-process (histograms, the KV shadow, load
+cycles). Greedy runs compare against the verifier alone on the *same* backend and placement: the
+Vulkan kernels round differently from the CPU's, so CPU tokens are no reference. lavapipe runs on
+the CPU and is slow (the real 1.5B verifier decodes ~0.6 tokens/s on 2 cores): the real pair's runs
+are short, the long and statistical ones use the tiny pair.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpu_support import gpu_build
+from reliability_support import EOS, assert_one_line_error, cli_env
+
+HERE = Path(__file__).resolve().parent
+PROMPT = "def fibonacci(n):"
+ALL = ("-ngl", "99", "-ngld", "99")
+
+
+@pytest.fixture(scope="module")
+def build():
+    return gpu_build("vulkan")
+
+
+def cli(build, *args, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cactus_gguf", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=build.env(PYTHONPATH=cli_env()["PYTHONPATH"], **(env or {})))
+
+
+def generate(build, *args, env: dict | None = None) -> dict:
+    """``run ... --json`` on the Vulkan build (greedy unless ``--temp`` follows), as a dict."""
+    r = cli(build, "run", *args, "-t", "2", "--temp", "0", "--json", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+_DRIVER = """
+import json, sys
+sys.path[:0] = json.loads(sys.argv[1])
+import test_vulkan
+print(json.dumps(getattr(test_vulkan, sys.argv[2])(**json.loads(sys.argv[3]))))
+"""
+
+
+def on_device(build, job: str, timeout: float = 900, **kwargs) -> dict:
+    """``job(**kwargs)`` (a function of this module) in a fresh interpreter on the Vulkan build;
+    its JSON-able result."""
+    path = json.dumps([str(HERE), str(HERE.parent)])
+    r = subprocess.run([sys.executable, "-c", _DRIVER, path, job, json.dumps(kwargs)],
+                       capture_output=True, text=True, timeout=timeout,
+                       env=build.env(PYTHONPATH=cli_env()["PYTHONPATH"]))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def placement(result: dict, role: str = "verifier") -> str:
+    return result["placement"][role]["summary"]
+
+
+# ------------------------------------------------------------------------------------------------
+# The device, and where the layers go
+# ------------------------------------------------------------------------------------------------
+
+def test_list_devices_shows_lavapipe_and_where_each_model_would_go(build):
+    r = cli(build, "run", "--list-devices", "-ngl", "10", "-devd", "none")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    print("\n".join(lines))
+    assert "Vulkan" in lines[0] and "CPU" in lines[0]  # the backends
+    assert any(line.strip().startswith("Vulkan0: llvmpipe") and "MiB" in line for line in lines)
+    assert "verifier (-ngl 10: up to 10 layers): Vulkan0" in lines
+    assert "draft: CPU only (-devd none)" in lines
+
+
+# ------------------------------------------------------------------------------------------------
+# Greedy: speculation equals the verifier alone, on every placement
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ngl, ngld, where_ver, where_dft", [
+    ("99", "99", "3/3 layers on Vulkan0", "3/3 layers on Vulkan0"),
+    ("2", "99", "2/3 layers on Vulkan0, 1 on CPU", "3/3 layers on Vulkan0"),   # partial offload
+    ("99", "0", "3/3 layers on Vulkan0", "0/3 layers offloaded (CPU)"),       # draft on the CPU
+    ("0", "99", "0/3 layers offloaded (CPU)", "3/3 layers on Vulkan0"),       # verifier on the CPU
+], ids=["both-gpu", "partial", "draft-cpu", "verifier-cpu"])
+def test_tiny_pair_greedy_speculation_equals_the_verifier_alone(build, tiny_pair, ngl, ngld,
+                                                                 where_ver, where_dft):
+    ver, dft = tiny_pair
+    args = (ver, dft, "-p", "the cat sat on", "-n", "64", "-c", "512", "-ngl", ngl, "-ngld", ngld)
+    alone = generate(build, *args, "--method", "none")
+    assert placement(alone) == where_ver
+    for method in ("sps", "cactus"):
+        spec = generate(build, *args, "--method", method, "-k", "4")
+        assert spec["tokens"] == alone["tokens"], method
+        assert (placement(spec), placement(spec, "draft")) == (where_ver, where_dft)
+        # the noisy draft is mostly rejected: the device KV cache is rolled back at most steps
+        assert spec["n_drafted"] > spec["n_accepted"] + 100, method
+
+
+def test_real_pair_greedy_speculation_equals_the_verifier_alone(build, qwen_pair):
+    """All 29 layers of both models on the device: SpS and Cactus give the verifier's tokens."""
+    ver, dft = qwen_pair
+    args = (ver, dft, "-p", PROMPT, "-n", "16", "-c", "512", *ALL)
+    alone = generate(build, *args, "--method", "none")
+    assert placement(alone) == "29/29 layers on Vulkan0"
+    assert len(alone["tokens"]) == 16
+    for method in ("sps", "cactus"):
+        spec = generate(build, *args, "--method", method, "-k", "4")
+        assert spec["tokens"] == alone["tokens"], method
+        assert placement(spec, "draft") == "25/25 layers on Vulkan0"
+        assert spec["n_drafted"] > spec["n_accepted"] > 0, method  # rejections: rollbacks
+
+
+@pytest.mark.parametrize("ngl, ngld, where", [
+    ("99", "0", "29/29 layers on Vulkan0"),   # verifier on the device, draft on the CPU
+    ("0", "99", "0/29 layers offloaded (CPU)"),   # the reverse
+    ("10", "99", "10/29 layers on Vulkan0, 19 on CPU"),   # partial offload
+], ids=["draft-cpu", "verifier-cpu", "partial"])
+def test_real_pair_split_placements(build, qwen_pair, ngl, ngld, where):
+    """The verifier on one side and the draft on the other (the first of these crashed lavapipe
+    before Context asked every batch for an output row); SpS equals the verifier alone with the
+    verifier placed the same."""
+    ver, dft = qwen_pair
+    args = (ver, dft, "-p", PROMPT, "-n", "12", "-c", "512", "-ngl", ngl, "-ngld", ngld)
+    alone = generate(build, *args, "--method", "none")
+    spec = generate(build, *args, "--method", "sps", "-k", "4")
+    assert placement(spec) == placement(alone) == where
+    assert spec["tokens"] == alone["tokens"]
+    assert spec["n_drafted"] > spec["n_accepted"] > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Sampling: the first emitted token follows the exact law, computed from this backend's logits
+# ------------------------------------------------------------------------------------------------
+
+def job_first_token_law(ver: str, dft: str, method: str, delta: float, n_runs: int) -> dict:
+    """On the device (every layer: the default -ngl -1): the exact law of the first emitted token
+    from the device's warped q and p, and a histogram of ``n_runs`` seeded generations."""
+    from cactus_gguf.sampling import SamplingParams, reference
+    from test_decoding import decoder, first_position_dists, first_token_histogram
+
+    sampling = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
+    q, p = first_position_dists(ver, dft, sampling)
+    expected = reference.emitted_first_token_distribution(p, q, method, delta=delta)
+    with decoder(ver, dft, k=1, method=method, delta=delta) as dec:
+        where = dec.verifier.model.placement.summary(), dec.draft.model.placement.summary()
+        counts = first_token_histogram(dec, n_runs, len(q))
+    return {"counts": counts.tolist(), "expected": expected.tolist(), "q": q.tolist(),
+            "where": where}
+
+
+@pytest.mark.parametrize("method, delta", [("sps", 0.0), ("cactus", 1.0)])
+def test_first_emitted_token_follows_the_exact_law_on_the_device(build, tiny_pair, method, delta):
+    from test_decoding import ALPHA, chisquare_pvalue
+
+    out = on_device(build, "job_first_token_law", ver=str(tiny_pair[0]), dft=str(tiny_pair[1]),
+                    method=method, delta=delta, n_runs=3000)
+    assert out["where"] == ["3/3 layers on Vulkan0"] * 2
+    counts, expected = np.array(out["counts"]), np.array(out["expected"])
+    assert chisquare_pvalue(counts, expected) > ALPHA
+    if method == "cactus":  # the rule really moves mass towards the draft
+        assert chisquare_pvalue(counts, np.array(out["q"]), strict=False) < ALPHA
+
+
+# ------------------------------------------------------------------------------------------------
+# The KV caches on the device: rollbacks over thousands of tokens, prefix reuse across turns
+# ------------------------------------------------------------------------------------------------
+
+def job_rollbacks(ver: str, dft: str, n_predict: int) -> dict:
+    """A long sampled Cactus run with a noisy draft, both models on the device; llama.cpp's view
+    of each cache (seq_pos_min / max) checked after every decode, truncate and clear (KvShadow)."""
+    from reliability_support import KvShadow, ctx, make_engine
+
+    with pytest.MonkeyPatch.context() as mp:
+        shadow = KvShadow.install(mp)
+        with make_engine(ver, dft, k=4, method="cactus", temp=0.8,
+                         context=ctx(n_ctx=4096)) as dec:
+            res = dec.generate("the cat sat on", n_predict=n_predict, seed=4)
+            committed = dec.tokenize("the cat sat on") + res.tokens
+            held_ver, held_dft = shadow.held(dec.verifier), shadow.held(dec.draft)
+            where = dec.verifier.model.placement.summary(), dec.draft.model.placement.summary()
+    return {"n_tokens": res.stats.n_tokens, "n_drafted": res.stats.n_drafted,
+            "n_accepted": res.stats.n_accepted, "ver_ok": held_ver == committed[:-1],
+            "dft_ok": held_dft == committed[:len(held_dft)]
+            and len(held_dft) >= len(committed) - 2, "where": where}
+
+
+def test_thousands_of_tokens_of_rollbacks_keep_exactly_the_committed_prefix(build, tmp_path):
+    from reliability_support import write_llama
+
+    # EOS practically never sampled (a zero output row): the run goes the full length
+    ver = write_llama(tmp_path / "long.gguf", seed=21, zero_output_rows=[EOS])
+    dft = write_llama(tmp_path / "long_dft.gguf", seed=21, zero_output_rows=[EOS], noise=0.1,
+                      noise_seed=22)
+    out = on_device(build, "job_rollbacks", ver=str(ver), dft=str(dft), n_predict=2400)
+    assert out["where"] == ["3/3 layers on Vulkan0"] * 2
+    assert out["n_tokens"] == 2400
+    rejected_steps = out["n_drafted"] - out["n_accepted"]
+    assert rejected_steps > 300, out  # hundreds of steps rolled the device caches back
+    assert out["ver_ok"] and out["dft_ok"], out
+
+
+def job_chat_turns(ver: str) -> dict:
+    """Two chat turns on one engine (the second reuses the first's cached prefix), then the second
+    turn again on a fresh engine; greedy, both models on the device."""
+    from reliability_support import make_engine
+
+    first = [{"role": "user", "content": "the cat"}]
+    with make_engine(ver, ver, k=3, method="sps", temp=0.0) as dec:
+        a = dec.chat(first, n_predict=24)
+        turn2 = first + [{"role": "assistant", "content": a.text},
+                         {"role": "user", "content": "sat on"}]
+        b = dec.chat(turn2, n_predict=24)
+    with make_engine(ver, ver, k=3, method="sps", temp=0.0) as fresh:
+        c = fresh.chat(turn2, n_predict=24)
+    return {"reused": b.stats.n_prompt_tokens_reused, "prompt": b.stats.n_prompt_tokens,
+            "tokens": b.tokens, "fresh_tokens": c.tokens, "fresh_reused":
+            c.stats.n_prompt_tokens_reused}
+
+
+def test_prefix_reuse_across_chat_turns(build, tmp_path):
+    from reliability_support import CHAT_TEMPLATE, write_llama
+
+    ver = write_llama(tmp_path / "chat.gguf", seed=11, chat_template=CHAT_TEMPLATE)
+    out = on_device(build, "job_chat_turns", ver=str(ver))
+    assert out["fresh_reused"] == 0
+    assert 0 < out["reused"] < out["prompt"], out  # the first turn's tokens stayed on the device
+    assert out["tokens"] == out["fresh_tokens"]   # and give what a fresh cache gives
+
+
+# ------------------------------------------------------------------------------------------------
+# -k auto: the cost probe on the device, cached apart from the CPU's
+# ------------------------------------------------------------------------------------------------
+
+def test_the_cost_probe_and_k_auto_run_on_the_device(build, tiny_pair, tmp_path):
+    """The probe times the device's forwards and caches them under a key of their own: the same
+    models, build and options with the layers on the CPU probe again (llama.cpp's system info,
+    also in the key, is the same for both)."""
+    ver, dft = tiny_pair
+    env = {"CACTUS_GGUF_CACHE": str(tmp_path)}
+    args = (ver, dft, "-p", "the cat sat on", "-n", "24", "-c", "512", "-k", "auto")
+    on_gpu = generate(build, *args, *ALL, env=env)
+    table = json.loads((tmp_path / "forward-costs.json").read_text())
+    assert len(table) == 1 and placement(on_gpu) == "3/3 layers on Vulkan0"
+    again = generate(build, *args, *ALL, env=env)  # a cache hit: same tokens, no new entry
+    assert len(json.loads((tmp_path / "forward-costs.json").read_text())) == 1
+    assert again["tokens"] == on_gpu["tokens"] and on_gpu["k"] == "auto"
+    on_cpu = generate(build, *args, "-ngl", "0", "-ngld", "0", "-dev", "none", "-devd", "none",
+                      env=env)
+    assert placement(on_cpu) == "0/3 layers offloaded (CPU)"
+    entries = json.loads((tmp_path / "forward-costs.json").read_text())
+    assert len(entries) == 2, entries
+    for entry in entries.values():  # verifier batches 1, 2, k_max / 2 + 1, k_max + 1; draft 1
+        assert sorted(map(int, entry["verify"])) == [1, 2, 9, 17] and entry["draft"] > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Resources: load / free cycles, a KV cache the device cannot hold
+# ------------------------------------------------------------------------------------------------
+
+def job_load_free_cycles(ver: str, dft: str, n: int) -> dict:
+    from cactus_gguf.llama import ContextOptions
+    from test_reliability_resources import load_free_cycles
+
+    rss, secs, maps = load_free_cycles(ver, dft, n, ContextOptions(n_ctx=4096, n_threads=1))
+    return {"rss": rss, "secs": secs, "maps": maps}
+
+
+def test_load_free_cycles_on_the_device_keep_memory_flat(build, tiny_pair, record_property):
+    """Device buffers on lavapipe are host memory, so a leaked buffer, context or KV cache shows
+    in the process's anonymous resident memory."""
+    from reliability_support import memory_slope
+    from test_reliability_resources import MAX_SLOPE, WARMUP
+
+    out = on_device(build, "job_load_free_cycles", ver=str(tiny_pair[0]), dft=str(tiny_pair[1]),
+                    n=16)
+    rss = out["rss"]
+    slope = memory_slope(rss[WARMUP:])
+    record_property("cycles_vulkan", f"RSS {rss[WARMUP - 1]:.1f} -> {rss[-1]:.1f} MiB, trend "
+                    f"{slope:+.3f} MiB/cycle, {np.mean(out['secs']):.2f} s/cycle")
+    assert out["maps"] == [0] * 16
+    assert slope < MAX_SLOPE / 4, rss
+
+
+def test_a_kv_cache_larger_than_the_device_is_a_one_line_error(build, tiny_pair):
+    """lavapipe reports 2 GiB of device memory (and would allocate past it, in host memory): a
+    KV cache of ~2.4 GiB is refused before llama.cpp allocates it, naming -c and the device."""
+    ver, _ = tiny_pair
+    r = cli(build, "run", ver, "-p", "hi", "-n", "2", "-k", "0", "-ngl", "99", "-c", "5000000")
+    line = assert_one_line_error(r, "-c/--ctx-size=5000000", "Vulkan0", "GiB free",
+                                 "lower -c/--ctx-size")
+    assert r.returncode == 2, line
