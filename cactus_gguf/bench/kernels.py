@@ -37,8 +37,6 @@ def kernel_benchmark(ks: Iterable[int] = (4, 8, 16), vocab_sizes: Iterable[int] 
     """
     from tqdm import tqdm
 
-    from ..sampling import reference as ref
-
     acc = AcceptanceParams(method=method, delta=delta)
     warps = {"top-k 20": SamplingParams(temperature=0.6, top_k=20, top_p=0.95, min_p=0.0),
              "no top-k": SamplingParams(temperature=0.6, top_k=0, top_p=0.95, min_p=0.0)}
@@ -46,43 +44,66 @@ def kernel_benchmark(ks: Iterable[int] = (4, 8, 16), vocab_sizes: Iterable[int] 
     rows = []
     for V, wname, k in tqdm(cells, desc="kernels", unit="cell", file=sys.stderr, disable=not progress):
         sp = warps[wname]
-        rng = np.random.default_rng(seed + 7919 * k + V)
-        vl = (logit_scale * rng.standard_normal((k + 1, V))).astype(np.float32)
-        dl = (vl[:k] + draft_noise * logit_scale * rng.standard_normal((k, V))).astype(np.float32)
-        prep = NativeSampler(V, sp, acc, seed)
-        probs = np.zeros((k, V), dtype=np.float32)
-        tokens = np.zeros(k, dtype=np.int32)
-        for i in range(k):
-            tokens[i] = prep.draft(np.ascontiguousarray(dl[i]), probs[i])
+        vl, probs, tokens = _synthetic_step(V, k, sp, acc, seed, logit_scale, draft_noise)
         s = NativeSampler(V, sp, acc, seed)
         s.verify(probs, tokens, vl)  # untimed: first touch of the workspace, as a decoder's 2nd step
-        c_ms, np_ms, n_rows, agree = [], [], [], True
-        for r in range(repeats):
-            uniforms = s.peek_uniforms(2 * k + 2) if r < numpy_repeats else None
-            t0 = time.perf_counter()
-            res = s.verify(probs, tokens, vl)
-            c_ms.append((time.perf_counter() - t0) * 1e3)
-            n_rows.append(res.n_evaluated + (1 if res.n_accepted == k else 0))
-            if uniforms is not None:
-                t0 = time.perf_counter()
-                want = ref.verify(probs, tokens, vl, dict(temperature=sp.temperature, top_k=sp.top_k,
-                                                          top_p=sp.top_p, min_p=sp.min_p),
-                                  method, delta=delta, uniforms=iter(uniforms))
-                np_ms.append((time.perf_counter() - t0) * 1e3)
-                agree &= (want.n_accepted, want.next_token) == (res.n_accepted, res.next_token)
-        c_med = float(statistics.median(c_ms))
-        np_med = float(statistics.median(np_ms)) if np_ms else None
-        rows.append({"V": V, "warps": wname, "k": k, "c_ms": c_med,
-                     "c_ms_per_row": float(statistics.median(
-                         [t / max(1, n) for t, n in zip(c_ms, n_rows)])),
-                     "rows": float(np.mean(n_rows)), "numpy_ms": np_med,
-                     "ratio": np_med / c_med if np_med is not None else None,
-                     "agree": agree if np_ms else None})
+        rows.append({"V": V, "warps": wname, "k": k,
+                     **_time_cell(s, sp, vl, probs, tokens, method=method, delta=delta,
+                                  repeats=repeats, numpy_repeats=numpy_repeats)})
     return {"schema": "cactus-gguf-kernels/1", "method": method, "delta": delta,
             "temperature": 0.6, "top_p": 0.95, "logit_scale": logit_scale,
             "draft_noise": draft_noise, "repeats": repeats, "numpy_repeats": numpy_repeats,
             "reference": "cactus_gguf.sampling.reference",
             "machine": machine_facts(), "results": rows}
+
+
+def _synthetic_step(V: int, k: int, sp: SamplingParams, acc: AcceptanceParams, seed: int,
+                    logit_scale: float, draft_noise: float
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One cell's inputs (see :func:`kernel_benchmark`): verifier logits float32 [k+1, V], the
+    draft's probabilities float32 [k, V] (its logits warped by ``sp``), and the drafted tokens
+    int32 [k] sampled from them."""
+    rng = np.random.default_rng(seed + 7919 * k + V)
+    vl = (logit_scale * rng.standard_normal((k + 1, V))).astype(np.float32)
+    dl = (vl[:k] + draft_noise * logit_scale * rng.standard_normal((k, V))).astype(np.float32)
+    prep = NativeSampler(V, sp, acc, seed)
+    probs = np.zeros((k, V), dtype=np.float32)
+    tokens = np.zeros(k, dtype=np.int32)
+    for i in range(k):
+        tokens[i] = prep.draft(np.ascontiguousarray(dl[i]), probs[i])
+    return vl, probs, tokens
+
+
+def _time_cell(s: NativeSampler, sp: SamplingParams, vl: np.ndarray, probs: np.ndarray,
+               tokens: np.ndarray, *, method: str, delta: float, repeats: int,
+               numpy_repeats: int) -> dict:
+    """``repeats`` timed ``s.verify`` calls on one cell's inputs, the NumPy reference beside the
+    first ``numpy_repeats`` (fed the uniforms the C will draw): the medians in ms per step (C per
+    warped row too), the mean rows warped, the NumPy / C ratio and whether both agreed."""
+    from ..sampling import reference as ref
+
+    k = len(tokens)
+    c_ms, np_ms, n_rows, agree = [], [], [], True
+    for r in range(repeats):
+        uniforms = s.peek_uniforms(2 * k + 2) if r < numpy_repeats else None
+        t0 = time.perf_counter()
+        res = s.verify(probs, tokens, vl)
+        c_ms.append((time.perf_counter() - t0) * 1e3)
+        n_rows.append(res.n_evaluated + (1 if res.n_accepted == k else 0))
+        if uniforms is not None:
+            t0 = time.perf_counter()
+            want = ref.verify(probs, tokens, vl, dict(temperature=sp.temperature, top_k=sp.top_k,
+                                                      top_p=sp.top_p, min_p=sp.min_p),
+                              method, delta=delta, uniforms=iter(uniforms))
+            np_ms.append((time.perf_counter() - t0) * 1e3)
+            agree &= (want.n_accepted, want.next_token) == (res.n_accepted, res.next_token)
+    c_med = float(statistics.median(c_ms))
+    np_med = float(statistics.median(np_ms)) if np_ms else None
+    return {"c_ms": c_med,
+            "c_ms_per_row": float(statistics.median([t / max(1, n) for t, n in zip(c_ms, n_rows)])),
+            "rows": float(np.mean(n_rows)), "numpy_ms": np_med,
+            "ratio": np_med / c_med if np_med is not None else None,
+            "agree": agree if np_ms else None}
 
 
 def format_kernel_table(result: dict) -> list[str]:

@@ -37,6 +37,16 @@ def _seconds_per_answer(s: dict) -> float | None:
     return (s.get("per_answer") or {}).get("seconds")
 
 
+# plot_report's styles. Cactus: one colour and marker per k. References: one colour per method,
+# one line style per k. The verifier alone and the draft alone: their own lines.
+_K_COLORS, _K_MARKERS = ["tab:blue", "tab:cyan", "navy", "tab:purple"], "os^D"
+_K_STYLES = ["--", ":", "-.", (0, (5, 1))]
+_REF_COLORS = {"sps": "tab:orange", "typical": "tab:green", "topk": "tab:brown", "ngram": "tab:red",
+               "hybrid": "tab:olive"}
+_ALONE = {"none": dict(color="black", lw=2.2, label="none (verifier alone)"),
+          "draft": dict(color="grey", lw=1.6, ls="--", label="draft alone")}
+
+
 def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
     """PNG: against δ for Cactus (one line per k), acceptance length, tokens/s (with its q25-q75
     as error bars) and the headline, mean seconds per answer end to end (what a user waits for: a
@@ -48,60 +58,74 @@ def plot_report(report: dict, path: str | os.PathLike[str]) -> Path:
     plt = _pyplot()
     summary = report["summary"]
     ks = sorted({s["k"] for s in summary if s["k"] is not None}, key=k_order)
-    fig, (ax_al, ax_tps, ax_ans) = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax_al, ax_tps, ax_ans = axes
     panels = ((ax_tps, lambda s: s["tokens_per_second"]["median"]), (ax_ans, _seconds_per_answer))
-    cactus_deltas = sorted({s["delta"] for s in summary if s["method"] == "cactus"})
-    # Cactus: one colour and marker per k. References: one colour per method, one style per k.
-    k_colors, k_markers = ["tab:blue", "tab:cyan", "navy", "tab:purple"], "os^D"
-    k_styles = ["--", ":", "-.", (0, (5, 1))]
-    ref_colors = {"sps": "tab:orange", "typical": "tab:green", "topk": "tab:brown", "ngram": "tab:red",
-                  "hybrid": "tab:olive"}
-    alone = {"none": dict(color="black", lw=2.2, label="none (verifier alone)"),
-             "draft": dict(color="grey", lw=1.6, ls="--", label="draft alone")}
     for s in summary:  # drawn first, so that a method on the same value stays visible on top
-        if s["method"] in alone:
-            for ax, value in panels:
-                if value(s) is not None:
-                    ax.axhline(value(s), **alone[s["method"]])
+        if s["method"] in _ALONE:
+            _hlines(panels, s, _ALONE[s["method"]])
     for i, k in enumerate(ks):
-        color, ksuf = k_colors[i % len(k_colors)], (f" k={k}" if len(ks) > 1 else "")
         cac = sorted((s for s in summary if s["method"] == "cactus" and s["k"] == k),
                      key=lambda s: s["delta"])
         if cac:
-            d = [s["delta"] for s in cac]
-            marker = k_markers[i % len(k_markers)] + "-"
-            ax_al.plot(d, [s["mean_accepted_length"] for s in cac], marker, color=color,
-                       label=f"cactus{ksuf}")
-            med = [s["tokens_per_second"]["median"] for s in cac]
-            ax_tps.errorbar(d, med, yerr=[[m - s["tokens_per_second"]["q25"] for m, s in zip(med, cac)],
-                                          [s["tokens_per_second"]["q75"] - m for m, s in zip(med, cac)]],
-                            fmt=marker, color=color, capsize=4, label=f"cactus{ksuf} (bars: q25-q75)")
-            if all(_seconds_per_answer(s) is not None for s in cac):
-                ax_ans.plot(d, [_seconds_per_answer(s) for s in cac], marker, color=color,
-                            label=f"cactus{ksuf}")
+            _plot_cactus(axes, cac, i, f" k={k}" if len(ks) > 1 else "")
         for s in summary:
-            if s["k"] == k and s["method"] in ref_colors:
-                style = dict(color=ref_colors[s["method"]], ls=k_styles[i % len(k_styles)], lw=1.4,
-                             label=s["label"])
+            if s["k"] == k and s["method"] in _REF_COLORS:
+                style = dict(color=_REF_COLORS[s["method"]], ls=_K_STYLES[i % len(_K_STYLES)],
+                             lw=1.4, label=s["label"])
                 ax_al.axhline(s["mean_accepted_length"], **style)
-                for ax, value in panels:
-                    if value(s) is not None:
-                        ax.axhline(value(s), **style)
-    for ax, ylabel in ((ax_al, "mean acceptance length (accepted drafts / step)"),
-                       (ax_tps, "tokens/s (median over prompts)"),
-                       (ax_ans, "seconds per answer, end to end (mean)")):
+                _hlines(panels, s, style)
+    _label_delta_axes(axes, sorted({s["delta"] for s in summary if s["method"] == "cactus"}))
+    fig.suptitle(_report_title(report), fontsize=8)
+    return _save(plt, fig, path)
+
+
+def _hlines(panels, s: dict, style: dict) -> None:
+    """Configuration ``s`` as a horizontal line in ``style`` on each (axes, value) panel whose
+    value it has."""
+    for ax, value in panels:
+        if value(s) is not None:
+            ax.axhline(value(s), **style)
+
+
+def _plot_cactus(axes, cac: list[dict], i: int, ksuf: str) -> None:
+    """The i-th k's Cactus configurations ``cac`` (sorted by δ) as lines against δ on the three
+    panels: acceptance length, median tokens/s with q25-q75 bars, and seconds per answer (when
+    every configuration has it)."""
+    ax_al, ax_tps, ax_ans = axes
+    color, marker = _K_COLORS[i % len(_K_COLORS)], _K_MARKERS[i % len(_K_MARKERS)] + "-"
+    d = [s["delta"] for s in cac]
+    ax_al.plot(d, [s["mean_accepted_length"] for s in cac], marker, color=color,
+               label=f"cactus{ksuf}")
+    med = [s["tokens_per_second"]["median"] for s in cac]
+    ax_tps.errorbar(d, med, yerr=[[m - s["tokens_per_second"]["q25"] for m, s in zip(med, cac)],
+                                  [s["tokens_per_second"]["q75"] - m for m, s in zip(med, cac)]],
+                    fmt=marker, color=color, capsize=4, label=f"cactus{ksuf} (bars: q25-q75)")
+    if all(_seconds_per_answer(s) is not None for s in cac):
+        ax_ans.plot(d, [_seconds_per_answer(s) for s in cac], marker, color=color,
+                    label=f"cactus{ksuf}")
+
+
+def _label_delta_axes(axes, cactus_deltas: list[float]) -> None:
+    """Axis labels, ticks at the Cactus δs (nats), grid and legend of plot_report's panels."""
+    for ax, ylabel in zip(axes, ("mean acceptance length (accepted drafts / step)",
+                                 "tokens/s (median over prompts)",
+                                 "seconds per answer, end to end (mean)")):
         ax.set_xlabel("Cactus δ (nats)")
         ax.set_ylabel(ylabel)
         if cactus_deltas:
             ax.set_xticks(cactus_deltas)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+
+
+def _report_title(report: dict) -> str:
+    """plot_report's title: the model files, the CPU, threads, tokens per answer, prompts."""
     models = report.get("models", {})
     title = " / ".join(m.get("file", "") for m in models.values())
-    fig.suptitle(f"{title}  ({report['machine']['cpu']}, {report['settings']['n_threads']} threads, "
-                 f"n={report['settings']['n_predict']}, {report['settings']['n_prompts']} prompts)",
-                 fontsize=8)
-    return _save(plt, fig, path)
+    st = report["settings"]
+    return (f"{title}  ({report['machine']['cpu']}, {st['n_threads']} threads, "
+            f"n={st['n_predict']}, {st['n_prompts']} prompts)")
 
 
 def pareto_points(report: dict) -> list[dict]:

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..errors import InputError
 from ..llama.hw import build_facts, default_threads, machine_facts
@@ -31,6 +31,9 @@ from .prompts import (HUMANEVAL_INSTRUCTION, BenchPrompt, load_humaneval, load_p
                       render_prompt)
 from .scoring import check_completion, extract_completion, json_valid
 from .summary import finite, summarize
+
+if TYPE_CHECKING:
+    from ..speculative import Engine
 
 __all__ = ["BenchPlan", "plan_bench", "run_bench", "SCHEMA", "JOURNAL", "model_sha256"]
 
@@ -344,52 +347,56 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
     Raises InputError (a journal that does not match), the registry's and the engine's errors
     (one-line messages).
     """
-    from tqdm import tqdm
-
     from ..registry import resolve_model
-    from ..speculative import Engine
 
     say = log or (lambda _msg: None)
     journal, done = open_journal(output, plan, resume) if output is not None else (None, [])
     if done:
         say(f"resuming: {len(done)} of {len(plan.prompts) * len(plan.configs)} runs done")
     started = _dt.datetime.now(_dt.timezone.utc)
-    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    load_before = _load_average()
     verifier_path = resolve_model(plan.verifier_spec, progress=progress)
     draft_path = resolve_model(plan.draft_spec, progress=progress) if plan.draft_spec else None
     say(f"loading {verifier_path.name}" + (f" + {draft_path.name}" if draft_path else ""))
+    sitting = _sit(plan, verifier_path, draft_path, journal, done, progress=progress, say=say)
+    load_after = _load_average()
+    finished = _dt.datetime.now(_dt.timezone.utc)
+    _score(plan, sitting.runs, progress)
+    return _report(plan, sitting, started, finished, load_before, load_after)
+
+
+@dataclass(frozen=True)
+class _Sitting:
+    """What the models, while loaded, yield for the report: the models' facts ("verifier",
+    "draft"), whether the prompts went through the chat template, the forward costs (ms, see
+    measure_forward_costs) before and after the runs, -k auto's probe (None without auto), and
+    one record per run."""
+
+    models: dict
+    chat: bool
+    forward_before: dict
+    forward_after: dict
+    probe: dict | None
+    runs: list[dict]
+
+
+def _sit(plan: BenchPlan, verifier_path: Path, draft_path: Path | None, journal: Path | None,
+         done: list[dict], *, progress: bool, say: Callable[[str], None]) -> _Sitting:
+    """Load the models, warm up, time the forward costs, decode every run not in ``done`` (each
+    appended to ``journal``), time the forward costs again; the models are freed on return."""
+    from tqdm import tqdm
+
     with contextlib.ExitStack() as stack:
-        engine = stack.enter_context(Engine(verifier_path, draft_path, plan.load,
-                                            defaults=plan.base))
-        engines = {"verifier": engine}
-        if any(c.get("decoder") == "draft" for c in plan.configs):
-            lo = plan.load  # the draft alone, placed as the draft is in the pair
-            engines["draft"] = stack.enter_context(Engine(
-                draft_path, None, lo.replace(n_gpu_layers=lo.n_gpu_layers_draft,
-                                             device=lo.device_draft, rpc=lo.rpc_draft,
-                                             tensor_split=None), defaults=plan.base))
+        engines = _open_engines(stack, plan, verifier_path, draft_path)
+        engine = engines["verifier"]
         models = {"verifier": _model_facts(plan.verifier_spec, verifier_path, engine.verifier)}
         if engine.draft is not None:
             models["draft"] = _model_facts(plan.draft_spec, draft_path, engine.draft)
-        # Default: problems to solve go through the chat template when the model has one (an
-        # instruct model answers in a code block); free prompts are continued as they are.
-        chat = plan.chat if plan.chat is not None else (
-            all(p.problem is not None for p in plan.prompts)
-            and bool(engine.verifier.model.chat_template()))
-        # a problem answered in a chat: its code block is open (response_prefix), so the
-        # answer ends at the closing fence
-        rendered = [(render_prompt(p, chat, engine.format_chat),
-                     (CODE_END,) if chat and p.problem is not None else ()) for p in plan.prompts]
+        chat, rendered = _render_prompts(plan, engine)
         first_tokens = engine.tokenize(rendered[0][0])
         if plan.warmup:  # first decodes page the weights in and size llama.cpp's buffers
             say("warming up")
-            warm = [c for c in plan.configs if c["drafter"] in MODEL_DRAFTERS][:1] + plan.configs[:1]
-            warm_n = min(16, plan.n_predict) if plan.n_predict > 0 else 16  # -n -1: unbounded
-            for c in warm:
-                engine.generate(first_tokens, request_for(plan.base, c), n_predict=warm_n)
-            if "draft" in engines:
-                engines["draft"].generate(first_tokens, plan.base.replace(method="none"),
-                                          n_predict=warm_n)
+            _warm_up(plan, engines, first_tokens)
         probe = None
         if any(c["k"] == "auto" for c in plan.configs):  # -k auto's cost model, before any run
             engine.forward_costs(plan.base.k_max)
@@ -405,25 +412,76 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
                                                   plan.forward_repeats)
         finally:
             bar.close()
-    load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
-    finished = _dt.datetime.now(_dt.timezone.utc)
-    _score(plan, runs, progress)
+    return _Sitting(models, chat, forward_before, forward_after, probe, runs)
+
+
+def _open_engines(stack: contextlib.ExitStack, plan: BenchPlan, verifier_path: Path,
+                  draft_path: Path | None) -> dict[str, Engine]:
+    """Decoder name -> Engine, each entered on ``stack``: "verifier", the pair; "draft", the
+    draft model alone (when a configuration runs it), placed as the draft is in the pair."""
+    from ..speculative import Engine
+
+    engine = stack.enter_context(Engine(verifier_path, draft_path, plan.load, defaults=plan.base))
+    engines = {"verifier": engine}
+    if any(c.get("decoder") == "draft" for c in plan.configs):
+        lo = plan.load
+        engines["draft"] = stack.enter_context(Engine(
+            draft_path, None, lo.replace(n_gpu_layers=lo.n_gpu_layers_draft,
+                                         device=lo.device_draft, rpc=lo.rpc_draft,
+                                         tensor_split=None), defaults=plan.base))
+    return engines
+
+
+def _render_prompts(plan: BenchPlan, engine: Engine) -> tuple[bool, list[tuple[str, tuple]]]:
+    """Whether the prompts go through the chat template, and each prompt's text and its stop
+    strings."""
+    # Default: problems to solve go through the chat template when the model has one (an
+    # instruct model answers in a code block); free prompts are continued as they are.
+    chat = plan.chat if plan.chat is not None else (
+        all(p.problem is not None for p in plan.prompts)
+        and bool(engine.verifier.model.chat_template()))
+    # a problem answered in a chat: its code block is open (response_prefix), so the
+    # answer ends at the closing fence
+    rendered = [(render_prompt(p, chat, engine.format_chat),
+                 (CODE_END,) if chat and p.problem is not None else ()) for p in plan.prompts]
+    return chat, rendered
+
+
+def _warm_up(plan: BenchPlan, engines: dict[str, Engine], first_tokens: list[int]) -> None:
+    """A few untimed tokens from the first prompt: a model-drafter configuration and the first
+    one on the pair, and the draft alone when it runs."""
+    warm = [c for c in plan.configs if c["drafter"] in MODEL_DRAFTERS][:1] + plan.configs[:1]
+    warm_n = min(16, plan.n_predict) if plan.n_predict > 0 else 16  # -n -1: unbounded
+    for c in warm:
+        engines["verifier"].generate(first_tokens, request_for(plan.base, c), n_predict=warm_n)
+    if "draft" in engines:
+        engines["draft"].generate(first_tokens, plan.base.replace(method="none"),
+                                  n_predict=warm_n)
+
+
+def _load_average() -> list[float] | None:
+    """The system's 1, 5 and 15 minute load averages; None where the OS has none."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def _report(plan: BenchPlan, sitting: _Sitting, started: _dt.datetime, finished: _dt.datetime,
+            load_before: list[float] | None, load_after: list[float] | None) -> dict:
+    """The benchmark report (see :func:`run_bench`) of a finished, scored sitting."""
     return {
         "schema": SCHEMA,
         "started": started.isoformat(timespec="seconds"),
         "finished": finished.isoformat(timespec="seconds"),
         "wall_seconds": (finished - started).total_seconds(),
-        "load_average": {"before": list(load_before) if load_before else None,
-                         "after": list(load_after) if load_after else None},
+        "load_average": {"before": load_before, "after": load_after},
         "machine": machine_facts(),
         "build": build_facts(),
-        "models": models,
+        "models": sitting.models,
         "pair": plan.pair_name,
-        "settings": _settings(plan, chat),
+        "settings": _settings(plan, sitting.chat),
         "configs": plan.configs,
-        "forward_ms": {"before": forward_before, "after": forward_after},
+        "forward_ms": {"before": sitting.forward_before, "after": sitting.forward_after},
         # -k auto's cost model: probed at load ({"cached": false, "seconds": ...}) or read back
-        "auto_probe": probe,
-        "summary": summarize(plan.configs, runs, forward_before),
-        "runs": runs,
+        "auto_probe": sitting.probe,
+        "summary": summarize(plan.configs, sitting.runs, sitting.forward_before),
+        "runs": sitting.runs,
     }

@@ -118,6 +118,14 @@ def _end_to_end(run: dict) -> float:
     return run["n_tokens"] / t if t > 0 else 0.0
 
 
+# Per-prompt figures whose per-prompt ratios summarize reports: name -> how to read it off a run.
+_PER_PROMPT = {
+    "tokens_per_second": lambda r: r["tokens_per_second"],  # decode only
+    "end_to_end": _end_to_end,
+    "first_token": lambda r: r.get("first_token_seconds", 0.0),
+}
+
+
 def summarize(configs: Sequence[dict], runs: Sequence[dict],
               forward_ms: dict | None = None) -> list[dict]:
     """One summary per configuration from the per-run records (``run_bench``'s ``runs``).
@@ -139,86 +147,131 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
     by_cfg: dict[str, list[dict]] = {c["id"]: [] for c in configs}
     for r in runs:
         by_cfg[r["config"]].append(r)
-    tps = {cid: {r["prompt"]: r["tokens_per_second"] for r in rs} for cid, rs in by_cfg.items()}
-    e2e = {cid: {r["prompt"]: _end_to_end(r) for r in rs} for cid, rs in by_cfg.items()}
-    ttft = {cid: {r["prompt"]: r.get("first_token_seconds", 0.0) for r in rs}
-            for cid, rs in by_cfg.items()}
+    tables = {name: {cid: {r["prompt"]: read(r) for r in rs} for cid, rs in by_cfg.items()}
+              for name, read in _PER_PROMPT.items()}
     # sps at the same k and under the same constraint (a structured run has both)
     sps_ids = {(c["k"], bool(c.get("constrained"))): c["id"] for c in configs
                if c["method"] == "sps"}
-    first_sps = next(iter(sps_ids.values()), None)
     out = []
     for c in configs:
         rs = by_cfg[c["id"]]
-        tot = {key: sum(r.get(key, 0.0) if key == "output_kl_sum" else r[key] for r in rs)
-               for key in  # output_kl_sum: absent from runs recorded before it existed
-               ("n_tokens", "n_steps", "n_drafted", "n_accepted", "n_evaluated", "kl_sum",
-                "output_kl_sum", "decode_seconds", "draft_seconds", "verify_seconds", "accept_seconds",
-                "other_seconds", "prefill_seconds")}
-        checked = [r["valid"] for r in rs if r.get("valid") is not None]
-        grammar_s = sum(r.get("grammar_seconds", 0.0) for r in rs)
-        dec = tot["decode_seconds"]
-        scored = [r for r in rs if r.get("passed") is not None]
-        sps_id = (sps_ids.get((c["k"], bool(c.get("constrained"))),
-                              next((v for (k, con), v in sps_ids.items()
-                                    if con == bool(c.get("constrained"))), first_sps))
-                  if c["method"] != "sps" else None)
+        tot = _totals(rs)
+        sps_id = _sps_for(c, sps_ids) if c["method"] != "sps" else None
         s = {
             "config": c["id"], "label": c["label"], "method": c["method"], "k": c["k"],
             "delta": c["delta"], "budget": c.get("budget"), "drafter": c["drafter"],
             "n_prompts": len(rs),
             "tokens": tot["n_tokens"],
-            "tokens_per_second": quantiles([r["tokens_per_second"] for r in rs]),
-            "speedup_vs_none": (median_ratio(tps[c["id"]], tps["none"])
-                                if "none" in tps and c["id"] != "none" else None),
-            "speedup_vs_sps": median_ratio(tps[c["id"]], tps[sps_id]) if sps_id else None,
-            "end_to_end_tokens_per_second": quantiles(list(e2e[c["id"]].values())),
-            "end_to_end_speedup_vs_none": (median_ratio(e2e[c["id"]], e2e["none"])
-                                           if "none" in e2e and c["id"] != "none" else None),
-            "vs_sps_config": sps_id,
-            # the headline: what one answer costs (a user waits for answers, not tokens)
-            "per_answer": per_answer(rs),
-            "per_answer_vs_none": (per_answer_ratios(rs, by_cfg.get("none"))
-                                   if c["id"] != "none" else None),
-            "per_answer_vs_sps": per_answer_ratios(rs, by_cfg[sps_id]) if sps_id else None,
-            # seconds from the start of prompt processing to the first emitted token
-            "first_token_seconds": quantiles([r.get("first_token_seconds", 0.0) for r in rs]),
-            "first_token_vs_none": (median_ratio(ttft[c["id"]], ttft["none"])
-                                    if "none" in ttft and c["id"] != "none" else None),
-            "mean_accepted_length": tot["n_accepted"] / tot["n_steps"] if tot["n_steps"] else 0.0,
-            "acceptance_rate": tot["n_accepted"] / tot["n_drafted"] if tot["n_drafted"] else None,
-            "mean_drafted_length": tot["n_drafted"] / tot["n_steps"] if tot["n_steps"] else 0.0,
-            "tokens_per_verifier_call": tot["n_tokens"] / tot["n_steps"] if tot["n_steps"] else 0.0,
-            "kl_mean": tot["kl_sum"] / tot["n_evaluated"] if tot["n_evaluated"] else 0.0,
-            "kl_max": finite(max((r["kl_max"] for r in rs), default=0.0)),
-            "output_kl_mean": (tot["output_kl_sum"] / (tot["n_accepted"] + tot["n_steps"])
-                               if tot["n_steps"] else 0.0),
-            "output_kl_max": max((r.get("output_kl_max", 0.0) for r in rs), default=0.0),
-            "seconds": {k.removesuffix("_seconds"): v for k, v in tot.items() if k.endswith("_seconds")},
-            "time_share": {part: (tot[f"{part}_seconds"] / dec if dec > 0 else None)
-                           for part in ("draft", "verify", "accept", "other")},
-            "pass_at_1": sum(bool(r["passed"]) for r in scored) / len(scored) if scored else None,
-            "n_scored": len(scored),
-            **pass_at_1_statistics(scored, [r for r in by_cfg.get("none", []) if
-                                            r.get("passed") is not None] if c["id"] != "none"
-                                   else None),
-            "valid_rate": sum(checked) / len(checked) if checked else None,
-            "n_checked": len(checked),
-            "constrained": bool(c.get("constrained")),
-            "grammar_ms_per_token": (1e3 * grammar_s / tot["n_tokens"]
-                                     if c.get("constrained") and tot["n_tokens"] else None),
+            **_speed(c["id"], rs, by_cfg, tables, sps_id),
+            **_acceptance(rs, tot),
+            **_quality(c, rs, by_cfg, tot),
             "cpu_utilisation_median": quantiles([r["cpu_utilisation"] for r in rs
                                                  if r.get("cpu_utilisation") is not None])["median"],
             "predicted_speedup_vs_none": None,
         }
-        if forward_ms and isinstance(c["k"], int) and s["n_prompts"]:
-            tv1 = forward_ms["verifier"].get("1")
-            tvk = forward_ms["verifier"].get(str(c["k"] + 1))
-            td = forward_ms["draft"].get("1", 0.0) if c["drafter"] in MODEL_DRAFTERS else 0.0
-            if tv1 and tvk and td is not None:
-                s["predicted_speedup_vs_none"] = (s["tokens_per_verifier_call"] * tv1
-                                                  / (s["mean_drafted_length"] * td + tvk))
+        s["predicted_speedup_vs_none"] = _predicted_speedup(c, s, forward_ms)
         out.append(s)
     return out
 
 
+def _totals(rs: Sequence[dict]) -> dict[str, float]:
+    """The counters and seconds of one configuration's runs, summed over its prompts."""
+    return {key: sum(r.get(key, 0.0) if key == "output_kl_sum" else r[key] for r in rs)
+            for key in  # output_kl_sum: absent from runs recorded before it existed
+            ("n_tokens", "n_steps", "n_drafted", "n_accepted", "n_evaluated", "kl_sum",
+             "output_kl_sum", "decode_seconds", "draft_seconds", "verify_seconds", "accept_seconds",
+             "other_seconds", "prefill_seconds")}
+
+
+def _sps_for(c: dict, sps_ids: dict[tuple, str]) -> str | None:
+    """The sps configuration ``c`` is compared with: the one at its k under its constraint, else
+    the first under its constraint, else the first sps (``sps_ids``: (k, constrained) -> id)."""
+    constrained = bool(c.get("constrained"))
+    first_sps = next(iter(sps_ids.values()), None)
+    return sps_ids.get((c["k"], constrained),
+                       next((v for (k, con), v in sps_ids.items() if con == constrained),
+                            first_sps))
+
+
+def _ratio_vs(table: dict[str, dict[str, float]], cid: str, base: str | None) -> float | None:
+    """Median per-prompt ratio of configuration ``cid``'s figure to ``base``'s in ``table``
+    (config id -> prompt -> figure); None without base, or when ``cid`` is the base."""
+    return median_ratio(table[cid], table[base]) if base in table and base != cid else None
+
+
+def _speed(cid: str, rs: Sequence[dict], by_cfg: dict[str, list[dict]],
+           tables: dict[str, dict], sps_id: str | None) -> dict:
+    """Configuration ``cid``'s speed: tokens/s (decode only, then end to end) and its per-prompt
+    speedups, what one answer costs and its ratios, seconds to the first token; against ``none``
+    and ``sps_id``."""
+    tps, e2e, ttft = tables["tokens_per_second"], tables["end_to_end"], tables["first_token"]
+    return {
+        "tokens_per_second": quantiles([r["tokens_per_second"] for r in rs]),
+        "speedup_vs_none": _ratio_vs(tps, cid, "none"),
+        "speedup_vs_sps": _ratio_vs(tps, cid, sps_id),
+        "end_to_end_tokens_per_second": quantiles(list(e2e[cid].values())),
+        "end_to_end_speedup_vs_none": _ratio_vs(e2e, cid, "none"),
+        "vs_sps_config": sps_id,
+        # the headline: what one answer costs (a user waits for answers, not tokens)
+        "per_answer": per_answer(rs),
+        "per_answer_vs_none": per_answer_ratios(rs, by_cfg.get("none")) if cid != "none" else None,
+        "per_answer_vs_sps": per_answer_ratios(rs, by_cfg[sps_id]) if sps_id else None,
+        # seconds from the start of prompt processing to the first emitted token
+        "first_token_seconds": quantiles([r.get("first_token_seconds", 0.0) for r in rs]),
+        "first_token_vs_none": _ratio_vs(ttft, cid, "none"),
+    }
+
+
+def _acceptance(rs: Sequence[dict], tot: dict[str, float]) -> dict:
+    """Pooled acceptance counters (per verification step, per drafted token), the KL of the
+    rule's target and of what is emitted (nats, mean per token and max), the seconds spent by
+    part and their shares of the decode time."""
+    steps, dec = tot["n_steps"], tot["decode_seconds"]
+    return {
+        "mean_accepted_length": tot["n_accepted"] / steps if steps else 0.0,
+        "acceptance_rate": tot["n_accepted"] / tot["n_drafted"] if tot["n_drafted"] else None,
+        "mean_drafted_length": tot["n_drafted"] / steps if steps else 0.0,
+        "tokens_per_verifier_call": tot["n_tokens"] / steps if steps else 0.0,
+        "kl_mean": tot["kl_sum"] / tot["n_evaluated"] if tot["n_evaluated"] else 0.0,
+        "kl_max": finite(max((r["kl_max"] for r in rs), default=0.0)),
+        "output_kl_mean": tot["output_kl_sum"] / (tot["n_accepted"] + steps) if steps else 0.0,
+        "output_kl_max": max((r.get("output_kl_max", 0.0) for r in rs), default=0.0),
+        "seconds": {k.removesuffix("_seconds"): v for k, v in tot.items() if k.endswith("_seconds")},
+        "time_share": {part: (tot[f"{part}_seconds"] / dec if dec > 0 else None)
+                       for part in ("draft", "verify", "accept", "other")},
+    }
+
+
+def _quality(c: dict, rs: Sequence[dict], by_cfg: dict[str, list[dict]],
+             tot: dict[str, float]) -> dict:
+    """Configuration ``c``'s answers: pass@1 (with its interval and the paired comparison with
+    ``none``), the JSON Schema valid rate, the grammar engine's ms per emitted token."""
+    checked = [r["valid"] for r in rs if r.get("valid") is not None]
+    grammar_s = sum(r.get("grammar_seconds", 0.0) for r in rs)
+    scored = [r for r in rs if r.get("passed") is not None]
+    baseline = ([r for r in by_cfg.get("none", []) if r.get("passed") is not None]
+                if c["id"] != "none" else None)
+    return {
+        "pass_at_1": sum(bool(r["passed"]) for r in scored) / len(scored) if scored else None,
+        "n_scored": len(scored),
+        **pass_at_1_statistics(scored, baseline),
+        "valid_rate": sum(checked) / len(checked) if checked else None,
+        "n_checked": len(checked),
+        "constrained": bool(c.get("constrained")),
+        "grammar_ms_per_token": (1e3 * grammar_s / tot["n_tokens"]
+                                 if c.get("constrained") and tot["n_tokens"] else None),
+    }
+
+
+def _predicted_speedup(c: dict, s: dict, forward_ms: dict | None) -> float | None:
+    """The speedup over ``none`` that the forward costs (``forward_ms``: model -> str(rows) -> ms)
+    alone imply for summary ``s`` of configuration ``c`` (see :func:`summarize`); None without
+    them, for ``k`` auto or no runs, or when a cost is missing."""
+    if not (forward_ms and isinstance(c["k"], int) and s["n_prompts"]):
+        return None
+    tv1 = forward_ms["verifier"].get("1")
+    tvk = forward_ms["verifier"].get(str(c["k"] + 1))
+    td = forward_ms["draft"].get("1", 0.0) if c["drafter"] in MODEL_DRAFTERS else 0.0
+    if tv1 and tvk and td is not None:
+        return s["tokens_per_verifier_call"] * tv1 / (s["mean_drafted_length"] * td + tvk)
+    return None

@@ -9,12 +9,20 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+import threading
+from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import CactusError
 from . import fail, model_command, report_error
 from .params import given
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from ..plan import ServePlan
+    from ..server.worker import Worker
 
 
 def _loopback(host: str) -> bool:
@@ -32,14 +40,48 @@ def serve(ctx: click.Context, verifier, draft, **_options) -> None:
     max_tokens, stop, seed, "speculative": {...}) override them. With neither model, the
     registry's default pair is served.
     """
-    try:
-        import uvicorn
+    _require_server_extras()
+    from .. import plan as planner
+    from ..server.worker import Worker
 
-        from ..server.app import ServerConfig, create_app
-        from ..server.worker import Worker
+    plan = _serve_plan(ctx, verifier, draft)
+    p = plan.settings
+    if not _loopback(p["host"]) and not p["api_key"]:
+        click.echo(f"cactus-gguf: warning: listening on {p['host']} without --api-key: anyone who "
+                   "can reach this address can use the server", err=True)
+    sock = _bind(p["host"], p["port"])
+    worker = Worker(lambda: planner.open_engine(plan.run, probe=True), max_queue=p["max_queue"])
+    server = _http_server(plan, worker)
+    host, port = sock.getsockname()[:2]
+    worker.start()
+    threading.Thread(target=_announce, args=(worker, server, plan.model_id, host, port),
+                     daemon=True).start()
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        worker.stop()
+    if worker.state == "failed":
+        raise SystemExit(1)
+    click.echo("cactus-gguf: stopped", err=True)
+
+
+def _require_server_extras() -> None:
+    """Exit with a one-line install hint when the server's extra packages are missing."""
+    try:
+        import uvicorn  # noqa: F401
+
+        from ..server.app import ServerConfig, create_app  # noqa: F401
+        from ..server.worker import Worker  # noqa: F401
     except ImportError as e:
         fail(f"the server needs its extra packages ({e.name} is missing): "
              "pip install 'cactus-gguf[server]'")
+
+
+def _serve_plan(ctx: click.Context, verifier, draft) -> ServePlan:
+    """The ServePlan of the command line (models, run options, server settings), before any
+    model loads; an error exits with one line."""
     from .. import plan as planner
     from .run import models_from_arguments
 
@@ -48,15 +90,20 @@ def serve(ctx: click.Context, verifier, draft, **_options) -> None:
     if values.get("verbose"):
         logging.basicConfig(level=logging.DEBUG, format="%(message)s")
     try:
-        plan = planner.plan_serve(values)
+        return planner.plan_serve(values)
     except (CactusError, OSError) as e:
         report_error(e)
+
+
+def _http_server(plan: ServePlan, worker: Worker) -> uvicorn.Server:
+    """The uvicorn server of the app over ``worker``, its requests defaulting to ``plan``'s. Its
+    SIGINT / SIGTERM handler first shuts the engine's side down (waiting jobs refused, the
+    running one given its grace)."""
+    import uvicorn
+
+    from ..server.app import ServerConfig, create_app
+
     p = plan.settings
-    if not _loopback(p["host"]) and not p["api_key"]:
-        click.echo(f"cactus-gguf: warning: listening on {p['host']} without --api-key: anyone who "
-                   "can reach this address can use the server", err=True)
-    sock = _bind(p["host"], p["port"])
-    worker = Worker(lambda: planner.open_engine(plan.run, probe=True), max_queue=p["max_queue"])
     config = ServerConfig(defaults=plan.run.request, model_id=plan.model_id,
                           verifier=plan.run.verifier_spec, draft=plan.run.draft_spec,
                           api_key=p["api_key"], strict_model=p["strict_model"],
@@ -72,33 +119,22 @@ def serve(ctx: click.Context, verifier, draft, **_options) -> None:
 
     # uvicorn waits this long for open connections (the running request's grace, then its last
     # event; the streams' own wait is shutdown_grace + 5 s, app.py) before it cancels them
-    server = Server(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                   timeout_graceful_shutdown=config.shutdown_grace + 15))
-    host, port = sock.getsockname()[:2]
-    worker.start()
+    return Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                 timeout_graceful_shutdown=config.shutdown_grace + 15))
 
-    def announce() -> None:
-        worker.ready.wait()
-        if worker.state == "ready":
-            shown = f"[{host}]" if ":" in host else host
-            click.echo(f"cactus-gguf: serving {plan.model_id} at http://{shown}:{port} "
-                       "(OpenAI API under /v1, chat page at /)", err=True)
-        else:
-            click.echo(f"cactus-gguf: error: {worker.error}", err=True)
-            server.should_exit = True
 
-    import threading
-
-    threading.Thread(target=announce, daemon=True).start()
-    try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:
-        pass
-    finally:
-        worker.stop()
-    if worker.state == "failed":
-        raise SystemExit(1)
-    click.echo("cactus-gguf: stopped", err=True)
+def _announce(worker: Worker, server: uvicorn.Server, model_id: str, host: str,
+              port: int) -> None:
+    """Once the worker has loaded the models (run in a thread): the address served on stderr, or
+    the load's error, and then the server told to exit."""
+    worker.ready.wait()
+    if worker.state == "ready":
+        shown = f"[{host}]" if ":" in host else host
+        click.echo(f"cactus-gguf: serving {model_id} at http://{shown}:{port} "
+                   "(OpenAI API under /v1, chat page at /)", err=True)
+    else:
+        click.echo(f"cactus-gguf: error: {worker.error}", err=True)
+        server.should_exit = True
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -69,6 +69,30 @@ _FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
                "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
+def _check_kv_cache_fits(model: Model, n_ctx: int) -> None:
+    """Raise KvCacheTooLargeError when the KV cache of ``n_ctx`` tokens (``kv_cache_bytes``) is
+    larger than the machine's memory, or a device's share of it than that device's free memory."""
+    # A KV cache larger than the machine's memory is not an error in llama.cpp: it allocates
+    # (or spends minutes trying) until the OOM killer ends the process. Refuse it up front.
+    kv_bytes, ram = model.kv_cache_bytes(n_ctx), physical_memory()
+    if ram and kv_bytes > ram:
+        raise KvCacheTooLargeError(
+            f"{{n_ctx}}={n_ctx} needs about {kv_bytes / 2**30:.1f} GiB of KV cache for "
+            f"{model.path.name}, more than this machine's {ram / 2**30:.1f} GiB of memory: "
+            "lower {n_ctx}", param="n_ctx")
+    # ... and a device's share larger than its free memory (ggml's figure for it, after the
+    # weights): llama.cpp would fail to allocate it (or, on a driver that oversubscribes,
+    # page it to and fro); llama.cpp's own `--fit` would shrink the context instead
+    for name, description, share, free in (kv_shares(model.placement, kv_bytes)
+                                             if model.placement is not None else ()):
+        if share > free:
+            raise KvCacheTooLargeError(
+                f"{{n_ctx}}={n_ctx} needs about {share / 2**30:.1f} GiB of KV cache on "
+                f"{name} ({description}) for {model.path.name}, more than its "
+                f"{free / 2**30:.1f} GiB free: lower {{n_ctx}} (or offload fewer layers)",
+                param="n_ctx")
+
+
 class Context:
     """A single-sequence llama.cpp context over ``model``.
 
@@ -89,28 +113,25 @@ class Context:
         self._remote = model.remote
         self._ctx: _internals.LlamaContext | None = None
         self._batch: _internals.LlamaBatch | None = None
-        # A KV cache larger than the machine's memory is not an error in llama.cpp: it allocates
-        # (or spends minutes trying) until the OOM killer ends the process. Refuse it up front.
-        n_ctx_eff = options.n_ctx or model.n_ctx_train
-        kv_bytes, ram = model.kv_cache_bytes(n_ctx_eff), physical_memory()
-        if ram and kv_bytes > ram:
-            raise KvCacheTooLargeError(
-                f"{{n_ctx}}={n_ctx_eff} needs about {kv_bytes / 2**30:.1f} GiB of KV cache for "
-                f"{model.path.name}, more than this machine's {ram / 2**30:.1f} GiB of memory: "
-                "lower {n_ctx}", param="n_ctx")
-        # ... and a device's share larger than its free memory (ggml's figure for it, after the
-        # weights): llama.cpp would fail to allocate it (or, on a driver that oversubscribes,
-        # page it to and fro); llama.cpp's own `--fit` would shrink the context instead
-        for name, description, share, free in (kv_shares(model.placement, kv_bytes)
-                                                 if model.placement is not None else ()):
-            if share > free:
-                raise KvCacheTooLargeError(
-                    f"{{n_ctx}}={n_ctx_eff} needs about {share / 2**30:.1f} GiB of KV cache on "
-                    f"{name} ({description}) for {model.path.name}, more than its "
-                    f"{free / 2**30:.1f} GiB free: lower {{n_ctx}} (or offload fewer layers)",
-                    param="n_ctx")
-        cparams = llama_cpp.llama_context_default_params()
+        _check_kv_cache_fits(model, options.n_ctx or model.n_ctx_train)
         self.n_threads = options.n_threads or default_threads()
+        self._create(options)
+        self.n_ctx: int = llama_cpp.llama_n_ctx(self.ptr)
+        self.n_batch: int = llama_cpp.llama_n_batch(self.ptr)
+        self.tokens: list[int] = []
+        # ggml-vulkan (seen on Mesa's lavapipe): when a context's first llama_decode has no output
+        # row (a prompt decoded without logits), the next multi-token decode with outputs
+        # segfaults in the driver's thread. So on builds that offload, every batch asks for at
+        # least its last row (one row of the output layer; the KV cache is the same either way).
+        self._output_every_batch = bool(llama_cpp.llama_supports_gpu_offload())
+        self._should_stop = None  # interruptible(): asked between the n_batch chunks of a decode
+        self._make_batch()
+
+    def _create(self, options: ContextOptions) -> None:
+        """Create the llama.cpp context (``self._ctx``, its ``ptr`` and ``memory``), allocating
+        the KV cache on the model's devices. Raises ModelLoadError when llama.cpp cannot."""
+        model = self.model
+        cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = options.n_ctx
         cparams.n_batch = options.n_batch
         cparams.n_ubatch = options.n_batch
@@ -131,16 +152,10 @@ class Context:
         self.memory = self._ctx.memory
         if model.remote:
             devices.abandon_on_loss(self._abandon)
-        self.n_ctx: int = llama_cpp.llama_n_ctx(self.ptr)
-        self.n_batch: int = llama_cpp.llama_n_batch(self.ptr)
-        self.tokens: list[int] = []
-        # ggml-vulkan (seen on Mesa's lavapipe): when a context's first llama_decode has no output
-        # row (a prompt decoded without logits), the next multi-token decode with outputs
-        # segfaults in the driver's thread. So on builds that offload, every batch asks for at
-        # least its last row (one row of the output layer; the KV cache is the same either way).
-        self._output_every_batch = bool(llama_cpp.llama_supports_gpu_offload())
-        self._should_stop = None  # interruptible(): asked between the n_batch chunks of a decode
-        # One reusable batch of n_batch rows; seq_id / n_seq_id never change (one sequence).
+
+    def _make_batch(self) -> None:
+        """The one reusable batch of n_batch rows, with NumPy views on its token, pos and logits
+        arrays (int32 / int32 / int8 [n_batch]); seq_id / n_seq_id never change (one sequence)."""
         with log.critical():
             self._batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1)
         b = self._batch.batch
