@@ -232,6 +232,67 @@ class Step:
     n_uniforms: int
 
 
+class _Uniforms:
+    """The uniforms a step draws, in the C's order, counted (``used``)."""
+
+    def __init__(self, uniforms: Iterator[float] | None) -> None:
+        self._it = uniforms
+        self.used = 0
+
+    def __call__(self) -> float:
+        self.used += 1
+        return next(self._it)
+
+
+def _rescaled_residual(r: np.ndarray, fallback: np.ndarray, v: float) -> int:
+    """The residual token: drawn from ``r`` (float64 [V]) with uniform v, or from ``fallback`` when
+    r is all zero."""
+    return pick(r if np.cumsum(r)[-1] > 0 else fallback, v)
+
+
+def _test_position(method: str, p: np.ndarray, q: np.ndarray, n: int, d: float, draw: _Uniforms,
+                   rule: dict) -> tuple[bool, int, float]:
+    """The acceptance test at one drafted position: (accepted, emitted token, KL charged).
+
+    p, q: float64 [V] draft and warped verifier distributions; n: the drafted token; d: the
+    Cactus budget here; rule: solver, typical_epsilon, typical_alpha, accept_top_k, ears_alpha,
+    top_gap. Draws one uniform, and one more for a residual.
+    """
+    u = draw()
+    if method in ("sps", "cactus"):
+        h = target(q, n, method, d, rule["solver"], rule["top_gap"])
+        kl = binary_kl(h[n], q[n]) if method == "cactus" else 0.0
+        if u * p[n] < h[n]:
+            return True, n, kl
+        return False, _rescaled_residual(np.maximum(h - p, 0.0), h, draw()), kl
+    if method == "typical":
+        pos = q[q > 0]
+        entropy = float(-np.cumsum(pos * np.log(pos))[-1])
+        thr = min(rule["typical_epsilon"], rule["typical_alpha"] * math.exp(-entropy))
+        accepted = q[n] > thr
+        token = n if accepted else int(np.argmax(q))
+        return accepted, token, -math.log(q[token])
+    if method == "topk":
+        top = top_set(q, rule["accept_top_k"])
+        kk = top.size
+        kl = max(0.0, float(-np.log(kk * q[top]).sum() / kk))
+        ind = np.zeros(q.shape[0])
+        ind[top] = 1.0
+        if ind[n]:
+            return True, n, kl
+        r = np.where(ind > 0, np.maximum(1.0 - p, 0.0), 0.0)
+        return False, _rescaled_residual(r, ind, draw()), kl
+    if method == "greedy":
+        token = pick(q, u)
+        return token == n, token, 0.0
+    if method == "ears":
+        thr = rule["ears_alpha"] * (1.0 - float(np.float32(q.max())))
+        if q[n] > 0 and u * p[n] < q[n] + thr * p[n]:
+            return True, n, 0.0
+        return False, _rescaled_residual(np.maximum(q - p, 0.0), q, draw()), 0.0
+    raise ValueError(method)
+
+
 def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_logits: np.ndarray,
            sampling: dict, method: str, delta: float = default("delta"),
            solver: str = default("solver"),
@@ -249,13 +310,9 @@ def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_lo
     """
     k = int(draft_tokens.shape[0])
     V = verifier_logits.shape[-1]
-    used = 0
-
-    def draw() -> float:
-        nonlocal used
-        used += 1
-        return next(uniforms)
-
+    draw = _Uniforms(uniforms)
+    rule = dict(solver=solver, typical_epsilon=typical_epsilon, typical_alpha=typical_alpha,
+                accept_top_k=accept_top_k, ears_alpha=ears_alpha, top_gap=top_gap)
     kl_sum = kl_max = 0.0
     masks = [None] * (k + 1) if allowed is None else [allowed[i] for i in range(k + 1)]
     for i in range(k):
@@ -270,56 +327,14 @@ def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_lo
         if method == "cactus" and end_set is not None:
             d = protected_delta(draft_probs[i] if draft_probs is not None else None, q, delta, solver,
                                 end_set, end_tau, top_gap, drafted=n)
-        u = draw()
-        kl = 0.0
-        if method in ("sps", "cactus"):
-            h = target(q, n, method, d, solver, top_gap)
-            if method == "cactus":
-                kl = binary_kl(h[n], q[n])
-            accepted = u * p[n] < h[n]
-            token = n
-            if not accepted:
-                v = draw()
-                r = np.maximum(h - p, 0.0)
-                token = pick(r if np.cumsum(r)[-1] > 0 else h, v)  # all-zero residual: draw from h
-        elif method == "typical":
-            pos = q[q > 0]
-            entropy = float(-np.cumsum(pos * np.log(pos))[-1])
-            thr = min(typical_epsilon, typical_alpha * math.exp(-entropy))
-            accepted = q[n] > thr
-            token = n if accepted else int(np.argmax(q))
-            kl = -math.log(q[token])
-        elif method == "topk":
-            top = top_set(q, accept_top_k)
-            kk = top.size
-            kl = max(0.0, float(-np.log(kk * q[top]).sum() / kk))
-            ind = np.zeros(V)
-            ind[top] = 1.0
-            accepted = bool(ind[n])
-            token = n
-            if not accepted:
-                v = draw()
-                r = np.where(ind > 0, np.maximum(1.0 - p, 0.0), 0.0)
-                token = pick(r if np.cumsum(r)[-1] > 0 else ind, v)
-        elif method == "greedy":
-            token = pick(q, u)
-            accepted = token == n
-        elif method == "ears":
-            thr = ears_alpha * (1.0 - float(np.float32(q.max())))
-            accepted = q[n] > 0 and u * p[n] < q[n] + thr * p[n]
-            token = n
-            if not accepted:
-                v = draw()
-                r = np.maximum(q - p, 0.0)
-                token = pick(r if np.cumsum(r)[-1] > 0 else q, v)
-        else:
-            raise ValueError(method)
+        accepted, token, kl = _test_position(method, p, q, n, d, draw, rule)
         kl_sum += kl
         kl_max = max(kl_max, kl)
         if not accepted:
-            return Step(i, token, i + 1, kl_sum, kl_max, used)
+            return Step(i, token, i + 1, kl_sum, kl_max, draw.used)
     q = warp(verifier_logits[k], V, **sampling, allowed=masks[k]).astype(np.float64)
-    return Step(k, pick(q, draw()), k, kl_sum, kl_max, used)
+    token = pick(q, draw())
+    return Step(k, token, k, kl_sum, kl_max, draw.used)
 
 
 def emitted_first_token_distribution(p: np.ndarray | None, q: np.ndarray, method: str,
