@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from gpu_support import BACKEND_FLAGS, gpu_build  # noqa: E402
+from support.llama_build import BACKEND_FLAGS, gpu_build  # noqa: E402
 
 # SpS and Cactus before the verifier alone: on lavapipe, an engine whose verifier has run a whole
 # answer of one-token decodes (method none) segfaults in its next multi-row verification (found

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from rpc_support import RpcServer, rpc_build  # noqa: E402
+from support.rpc import RpcServer, rpc_build  # noqa: E402
 
 METHODS = ("none", "sps", "cactus")
 SIDES = ("local", "local_norepack", "rpc")

@@ -29,7 +29,7 @@ from cactus_gguf import Engine, LoadOptions, Request  # noqa: E402
 from cactus_gguf.bench.prompts import load_humaneval  # noqa: E402
 from cactus_gguf.llama.hw import machine_facts  # noqa: E402
 from cactus_gguf.registry import load_registry, resolve_model  # noqa: E402
-from server_support import LiveServer  # noqa: E402
+from support.server import LiveServer  # noqa: E402
 
 from chat_reuse import USER_TURNS  # noqa: E402
 

@@ -53,8 +53,8 @@ def smollm_path() -> Path:
 def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
     """(verifier_path, draft_path): two tiny random-weight llama GGUFs sharing one vocabulary
     (V = 281); the draft is the verifier with noisy weights, so p and q overlap but differ."""
-    from tiny_gguf import write_tiny_llama
+    from support.tiny_gguf import write_llama
 
     d = tmp_path_factory.mktemp("tiny")
-    return (write_tiny_llama(d / "verifier.gguf", seed=11, logit_scale=2.0),
-            write_tiny_llama(d / "draft.gguf", seed=11, logit_scale=2.0, noise=0.5, noise_seed=12))
+    return (write_llama(d / "verifier.gguf", seed=11, logit_scale=2.0),
+            write_llama(d / "draft.gguf", seed=11, logit_scale=2.0, noise=0.5, noise_seed=12))

@@ -14,7 +14,7 @@ from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams
 from cactus_gguf.sampling import reference
 from cactus_gguf.speculative import VocabMismatchError
 
-from reliability_support import make_engine
+from support.harness import make_engine
 
 ALPHA = 0.001
 CTX = ContextOptions(n_ctx=512, n_batch=64, n_threads=1)
@@ -204,19 +204,19 @@ def test_stats_are_consistent(tiny_pair):
 # ---- vocabulary checks ------------------------------------------------------------------------
 
 def test_vocab_mismatch_names_the_first_differing_id(tiny_pair, tmp_path):
-    from tiny_gguf import WORDS, write_tiny_llama
+    from support.tiny_gguf import WORDS, write_llama
     ver, _ = tiny_pair
     other_words = list(WORDS)
     other_words[3] = "▁bird"
-    other = write_tiny_llama(tmp_path / "other.gguf", seed=5, words=other_words)
+    other = write_llama(tmp_path / "other.gguf", seed=5, words=other_words, logit_scale=1.0)
     with pytest.raises(VocabMismatchError, match=r"token id 262 is '▁cat' in the verifier and '▁bird'"):
         decoder(ver, other)
 
 
 def test_padded_vocabulary_is_accepted_and_tail_never_drafted(tiny_pair, tmp_path):
-    from tiny_gguf import write_tiny_llama
+    from support.tiny_gguf import write_llama
     ver, _ = tiny_pair
-    padded = write_tiny_llama(tmp_path / "padded.gguf", seed=2, n_pad=16)
+    padded = write_llama(tmp_path / "padded.gguf", seed=2, n_pad=16, logit_scale=1.0)
     with decoder(ver, padded, k=3, temp=1.0, top_k=0) as dec:
         assert dec.draft.n_vocab == dec.verifier.n_vocab + 16
         res = dec.generate(PROMPT, n_predict=40, seed=0)
@@ -224,8 +224,8 @@ def test_padded_vocabulary_is_accepted_and_tail_never_drafted(tiny_pair, tmp_pat
 
 
 def test_different_eos_is_refused(tiny_pair, tmp_path):
-    from tiny_gguf import write_tiny_llama
+    from support.tiny_gguf import write_llama
     ver, _ = tiny_pair
-    other = write_tiny_llama(tmp_path / "eos.gguf", seed=5, eos_id=0)
+    other = write_llama(tmp_path / "eos.gguf", seed=5, eos_id=0, logit_scale=1.0)
     with pytest.raises(VocabMismatchError, match="disagree on eos"):
         decoder(ver, other)

@@ -11,7 +11,7 @@ from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams
 from cactus_gguf.sampling import reference
 from cactus_gguf.speculative import FixedDraftLength, NgramDrafter
 
-from reliability_support import make_engine
+from support.harness import make_engine
 from test_decoding import ALPHA, chisquare_pvalue
 
 SAMPLING = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)

@@ -13,7 +13,7 @@ import pytest
 from cactus_gguf.errors import EngineBusyError, InputError
 from cactus_gguf.options import Request
 
-from reliability_support import KvShadow, make_engine
+from support.harness import KvShadow, make_engine
 
 PROMPTS = ["the cat sat on the mat", "hello world def f(a):", "the dog sat on the cat and"]
 

@@ -15,7 +15,7 @@ from cactus_gguf.options import Request
 from cactus_gguf.sampling import reference
 from cactus_gguf.sampling.constraints import Constraint, grammar_spec, tokenizer_for
 
-from reliability_support import make_engine
+from support.harness import make_engine
 from test_decoding import ALPHA, PROMPT, chisquare_pvalue
 
 CTX = ContextOptions(n_ctx=512, n_batch=64, n_threads=1)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from system_packages import apt_install
+from support.system_packages import apt_install
 
 from cactus_gguf.sampling import _clib
 

@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-from reliability_support import (EOS, assert_one_line_error, cli_env, run_cli, write_llama)
-from tiny_gguf import WORDS
+from support.tiny_gguf import EOS, write_llama
+from support.harness import assert_one_line_error, cli_env, run_cli
+from support.tiny_gguf import WORDS
 
 MISSING = "/nonexistent/dir/model.gguf"
 

@@ -15,8 +15,8 @@ import pytest
 from cactus_gguf.llama import Context
 from cactus_gguf.errors import ContextLengthError
 
-from reliability_support import (BOS, EOS, KvShadow, StepLog, byte_token, ctx, make_engine,
-                                 write_llama)
+from support.tiny_gguf import BOS, EOS, byte_token, write_llama
+from support.harness import KvShadow, StepLog, ctx, make_engine
 
 
 @pytest.fixture(scope="module")

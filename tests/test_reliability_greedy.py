@@ -13,7 +13,8 @@ import pytest
 
 from cactus_gguf.llama import Context
 
-from reliability_support import ctx, make_engine, write_llama
+from support.harness import ctx, make_engine
+from support.tiny_gguf import write_llama
 
 PROMPTS = ["the cat sat on", "hello world", "def f(a):", "é中😀 a dog"]
 N = 40  # tokens per run
@@ -77,7 +78,7 @@ def test_temperature_zero_equals_the_verifier_greedy_for_every_k(models, greedy_
 
 def test_the_speculative_runs_really_speculate(models, monkeypatch):
     """Control for the test above: drafts are proposed, and both accepted and rejected."""
-    from reliability_support import StepLog
+    from support.harness import StepLog
 
     steps = StepLog.install(monkeypatch)
     for draft in ("close", "far"):

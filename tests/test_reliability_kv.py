@@ -15,7 +15,8 @@ import llama_cpp
 from cactus_gguf.llama import Context, DecodeError
 from cactus_gguf.speculative import ModelDrafter
 
-from reliability_support import EOS, KvShadow, StepLog, ctx, make_engine, write_llama
+from support.tiny_gguf import EOS, write_llama
+from support.harness import KvShadow, StepLog, ctx, make_engine
 
 PROMPTS = ["the cat sat on", "hello world", "def f(a):", "a"]
 

@@ -32,8 +32,8 @@ from cactus_gguf.options import LoadOptions, Request
 from cactus_gguf.speculative import Engine, VocabMismatchError
 from cactus_gguf.sampling import NativeSampler
 
-from reliability_support import (ctx, make_engine, mappings_of, memory_slope, rss_mib, track_loads,
-                                 write_llama)
+from support.harness import ctx, make_engine, mappings_of, memory_slope, rss_mib, track_loads
+from support.tiny_gguf import write_llama
 
 
 

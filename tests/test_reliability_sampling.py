@@ -13,7 +13,8 @@ from cactus_gguf.llama import Context
 from cactus_gguf.sampling import (AcceptanceParams, NativeSampler, NonFiniteLogitsError,
                                 SamplingParams)
 
-from reliability_support import StepLog, make_engine, write_llama
+from support.harness import StepLog, make_engine
+from support.tiny_gguf import write_llama
 
 PROMPT = "the cat sat on"
 WARPS = dict(temp=0.7, top_k=5, top_p=0.8, min_p=0.05)

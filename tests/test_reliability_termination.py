@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reliability_support import (BOS, EOS, KvShadow, StepLog, byte_token, chain, make_engine,
-                                 text_tokens, write_llama)
+from support.tiny_gguf import BOS, EOS, byte_token, chain, text_tokens, write_llama
+from support.harness import KvShadow, StepLog, make_engine
 
 T = byte_token  # token id of a byte
 A, B, C, D = (T(ord(c)) for c in "abcd")

@@ -13,9 +13,10 @@ import pytest
 
 from cactus_gguf.llama import Context
 from cactus_gguf.speculative import VocabMismatchError
-from tiny_gguf import WORDS
+from support.tiny_gguf import WORDS
 
-from reliability_support import (BOS, EOS, KvShadow, StepLog, ctx, make_engine, write_llama)
+from support.tiny_gguf import BOS, EOS, write_llama
+from support.harness import KvShadow, StepLog, ctx, make_engine
 
 V = 281
 PROMPT = "the cat sat on"
@@ -76,7 +77,7 @@ def test_a_real_token_past_the_shared_range_is_refused(models, tmp_path):
 def test_refused_pair_frees_both_models(models, tmp_path, monkeypatch):
     other = write_llama(tmp_path / "other.gguf", seed=5, eos_id=0)
     from cactus_gguf.llama import Model
-    from reliability_support import track_loads
+    from support.harness import track_loads
 
     opened = track_loads(monkeypatch)
     with pytest.raises(VocabMismatchError):

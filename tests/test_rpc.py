@@ -25,8 +25,8 @@ import time
 
 import pytest
 
-from reliability_support import assert_one_line_error, cli_env
-from rpc_support import RpcServer, free_port, rpc_build
+from support.harness import assert_one_line_error, cli_env
+from support.rpc import RpcServer, free_port, rpc_build
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
@@ -247,7 +247,7 @@ def test_server_over_rpc_then_the_server_dies(build, qwen_pair):
     exits with code 3 when stopped: llama.cpp cannot release the dead connection)."""
     import openai
 
-    from server_support import LiveServer, client
+    from support.server import LiveServer, client
 
     ver, dra = qwen_pair
     expected = generate(build, qwen_pair, "-n", "24", "--temp", "0", "-k", "4")["text"]

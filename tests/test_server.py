@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 
-from reliability_support import (CHAT_TEMPLATE, EOS, chain, cli_env, memory_slope, text_tokens,
-                                 byte_token as T, write_llama)
-from server_support import LiveServer, client, sse_events
+from support.tiny_gguf import CHAT_TEMPLATE, EOS, chain, text_tokens, byte_token as T, write_llama
+from support.harness import cli_env, memory_slope
+from support.server import LiveServer, client, sse_events
 
 SCRIPT = "quickbrownfxSTOPjmpdvlazy"  # distinct characters: a bigram model can spell it
 

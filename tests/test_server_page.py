@@ -11,10 +11,10 @@ import os
 
 import pytest
 
-from system_packages import apt_install
+from support.system_packages import apt_install
 
-from reliability_support import CHAT_TEMPLATE, EOS, write_llama
-from server_support import LiveServer
+from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama
+from support.server import LiveServer
 
 CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 

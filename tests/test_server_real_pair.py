@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from reliability_support import cli_env
-from server_support import LiveServer, client
+from support.harness import cli_env
+from support.server import LiveServer, client
 
 QUESTION = "Write a Python function that adds two numbers."
 

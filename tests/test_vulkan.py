@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_support import gpu_build
-from reliability_support import EOS, assert_one_line_error, cli_env
+from support.llama_build import gpu_build
+from support.tiny_gguf import EOS
+from support.harness import assert_one_line_error, cli_env
 
 HERE = Path(__file__).resolve().parent
 PROMPT = "def fibonacci(n):"
@@ -181,7 +182,7 @@ def test_first_emitted_token_follows_the_exact_law_on_the_device(build, tiny_pai
 def job_rollbacks(ver: str, dft: str, n_predict: int) -> dict:
     """A long sampled Cactus run with a noisy draft, both models on the device; llama.cpp's view
     of each cache (seq_pos_min / max) checked after every decode, truncate and clear (KvShadow)."""
-    from reliability_support import KvShadow, ctx, make_engine
+    from support.harness import KvShadow, ctx, make_engine
 
     with pytest.MonkeyPatch.context() as mp:
         shadow = KvShadow.install(mp)
@@ -198,7 +199,7 @@ def job_rollbacks(ver: str, dft: str, n_predict: int) -> dict:
 
 
 def test_thousands_of_tokens_of_rollbacks_keep_exactly_the_committed_prefix(build, tmp_path):
-    from reliability_support import write_llama
+    from support.tiny_gguf import write_llama
 
     # EOS practically never sampled (a zero output row): the run goes the full length
     ver = write_llama(tmp_path / "long.gguf", seed=21, zero_output_rows=[EOS])
@@ -215,7 +216,7 @@ def test_thousands_of_tokens_of_rollbacks_keep_exactly_the_committed_prefix(buil
 def job_chat_turns(ver: str) -> dict:
     """Two chat turns on one engine (the second reuses the first's cached prefix), then the second
     turn again on a fresh engine; greedy, both models on the device."""
-    from reliability_support import make_engine
+    from support.harness import make_engine
 
     first = [{"role": "user", "content": "the cat"}]
     with make_engine(ver, ver, k=3, method="sps", temp=0.0) as dec:
@@ -231,7 +232,7 @@ def job_chat_turns(ver: str) -> dict:
 
 
 def test_prefix_reuse_across_chat_turns(build, tmp_path):
-    from reliability_support import CHAT_TEMPLATE, write_llama
+    from support.tiny_gguf import CHAT_TEMPLATE, write_llama
 
     ver = write_llama(tmp_path / "chat.gguf", seed=11, chat_template=CHAT_TEMPLATE)
     out = on_device(build, "job_chat_turns", ver=str(ver))
@@ -281,7 +282,7 @@ def job_load_free_cycles(ver: str, dft: str, n: int) -> dict:
 def test_load_free_cycles_on_the_device_keep_memory_flat(build, tiny_pair, record_property):
     """Device buffers on lavapipe are host memory, so a leaked buffer, context or KV cache shows
     in the process's anonymous resident memory."""
-    from reliability_support import memory_slope
+    from support.harness import memory_slope
     from test_reliability_resources import MAX_SLOPE, WARMUP
 
     out = on_device(build, "job_load_free_cycles", ver=str(tiny_pair[0]), dft=str(tiny_pair[1]),

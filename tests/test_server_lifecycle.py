@@ -1,5 +1,5 @@
-"""Issue "Reliability, round 3", the server's items: a live ``cactus-gguf serve`` on tiny models,
-driven by the openai client, httpx and raw sockets on 127.0.0.1.
+"""The server's lifecycle and validation (issue "Reliability, round 3"): a live ``cactus-gguf serve``
+on tiny models, driven by the openai client, httpx and raw sockets on 127.0.0.1.
 
 1. a client leaving during a long prefill cancels it   2. so does a non-streaming client's leaving
 5. SIGTERM mid-stream ends the stream with an error event, never a silent end
@@ -20,8 +20,9 @@ import httpx
 import openai
 import pytest
 
-from reliability_support import CHAT_TEMPLATE, EOS, run_cli, write_llama
-from server_support import LiveServer, client
+from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama
+from support.harness import run_cli
+from support.server import LiveServer, client
 
 LONG_PROMPT = [3 + (i * 7) % 200 for i in range(60000)]  # byte tokens; ~45 s of prefill here
 

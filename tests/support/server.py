@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from reliability_support import cli_env
+from support.harness import cli_env
 
 
 class LiveServer:

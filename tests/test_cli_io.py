@@ -1,4 +1,5 @@
-"""Issue "Reliability, round 2": what a new user broke, each with the test that catches its return.
+"""The CLI process's input and output (issue "Reliability, round 2"): what a new user broke,
+each with the test that catches its return.
 
 0. resource tests that fail on allocator noise: tests/test_reliability_resources.py (trend tests)
 1. two threads on one engine: tests/test_engine.py::test_two_threads_on_one_engine_are_served...
@@ -19,15 +20,15 @@ import threading
 
 import pytest
 
-from reliability_support import (EOS, assert_one_line_error, chain, cli_env, run_cli, text_tokens,
-                                 byte_token as T, write_llama)
+from support.tiny_gguf import EOS, chain, text_tokens, byte_token as T, write_llama
+from support.harness import assert_one_line_error, cli_env, run_cli
 
 UTF8 = "é中😀 ok"
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("round2")
+    d = tmp_path_factory.mktemp("cli_io")
     return {"ver": write_llama(d / "ver.gguf", seed=11, zero_output_rows=[EOS]),
             "dft": write_llama(d / "dft.gguf", seed=11, zero_output_rows=[EOS], noise=0.1,
                                noise_seed=12),
@@ -191,7 +192,7 @@ def test_the_wrappers_are_built_inside_critical_sections(files, monkeypatch):
 # ---- 12. statistics that add up ----------------------------------------------------------------
 
 def test_a_one_token_reply_has_consistent_statistics(tmp_path):
-    from reliability_support import make_engine
+    from support.harness import make_engine
 
     ok = write_llama(tmp_path / "ok.gguf", seed=3, bigram=chain([T(ord("?")), T(ord("O")),
                                                                  T(ord("K")), EOS]))
@@ -205,7 +206,7 @@ def test_a_one_token_reply_has_consistent_statistics(tmp_path):
 
 @pytest.mark.parametrize("stop", [[], ["e"], ["at"]])
 def test_every_step_adds_its_accepted_drafts_and_at_most_one_more_token(files, stop):
-    from reliability_support import make_engine
+    from support.harness import make_engine
 
     with make_engine(files["ver"], files["dft"], k=4, temp=0.9) as eng:
         for seed in range(12):
@@ -219,7 +220,7 @@ def test_every_step_adds_its_accepted_drafts_and_at_most_one_more_token(files, s
 # ---- 13. when drafting stops, it says so -------------------------------------------------------
 
 def test_a_full_draft_context_is_reported(files):
-    from reliability_support import ctx, make_engine
+    from support.harness import ctx, make_engine
 
     with make_engine(files["ver"], files["dft"], k=4, temp=0.0, context=ctx(512),
                      draft_context=ctx(256)) as eng:

@@ -1,15 +1,11 @@
-"""Shared helpers of the reliability tests (tests/test_reliability_*.py).
+"""Shared helpers of the tests that run tiny models (GGUFs from tests/support/tiny_gguf.py).
 
-- ``write_llama``: tiny llama-family GGUFs with the knobs the fault tests need (architecture name,
-  add-BOS flag, EOS id, padding, rows of the output layer zeroed, or a scripted *bigram* model whose
-  next token is fixed by the current one, so a test can make llama.cpp emit chosen tokens).
 - ``KvShadow``: records the token ids each context's KV cache holds, from the decode / truncate /
   clear calls, so tests can check "each context holds exactly the committed prefix" after every step
   independently of the context's own bookkeeping (``Context.tokens``).
+- ``track_loads``, ``rss_mib``, ``mappings_of``, ``memory_slope``: resources and their trends.
 - ``run_cli`` / ``assert_one_line_error``: the real ``python -m cactus_gguf`` in a subprocess.
-
-Vocabulary (from tests/tiny_gguf.py): V = 281 = <unk>, <s>, </s>, 256 byte tokens <0x00>..<0xFF>
-(byte b is token id 3 + b), then 22 words; n_pad unused ids may follow.
+- ``ctx`` / ``make_engine`` / ``StepLog``: engines over tiny models and a log of their steps.
 """
 from __future__ import annotations
 
@@ -20,115 +16,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-
-import gguf
-from tiny_gguf import N_CTX_TRAIN, N_EMBD, N_FF, N_HEAD, N_LAYER, WORDS, vocab
-
-BOS, EOS = 1, 2
-# A minimal chat template for tiny models (tokenizer.chat_template): role-prefixed lines.
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}assistant:{% endif %}")
-
-
-def byte_token(b: int) -> int:
-    """The token id of byte ``b`` in the tiny vocabulary."""
-    return 3 + b
-
-
-def text_tokens(text: str) -> list[int]:
-    """Byte-token ids spelling ``text`` in UTF-8 (one token per byte)."""
-    return [byte_token(b) for b in text.encode("utf-8")]
-
-
-def write_llama(path: str | Path, *, seed: int = 11, arch: str = "llama", add_bos: bool = True,
-                bos_id: int = BOS, eos_id: int = EOS, eot_id: int | None = None, logit_scale: float = 2.0, n_pad: int = 0, noise: float = 0.0,
-                noise_seed: int = 0, zero_output_rows: Sequence[int] = (),
-                bigram: dict[int, int] | None = None, words: list[str] = WORDS,
-                chat_template: str | None = None) -> Path:
-    """Write a 2-layer llama GGUF with float32 weights; return its path.
-
-    ``zero_output_rows``: token ids whose output-layer row is 0 (logit exactly 0 while the other
-    logits spread over about +-14: such a token is practically never sampled, e.g. EOS for a long run).
-    ``chat_template``: a Jinja chat template (``tokenizer.chat_template``), e.g. CHAT_TEMPLATE.
-    ``bigram``: {current token: next token}. The attention and FFN outputs are zeroed, so the final
-    hidden state is the normalised embedding of the current token, and the output layer maps it to a
-    logit about 32 above every other one for the scripted next token (a deterministic chain at any
-    temperature <= 1); tokens without an entry get random next-token logits.
-    """
-    path = Path(path)
-    rng = np.random.default_rng(seed)
-    noise_rng = np.random.default_rng(noise_seed)
-    tokens, scores, types = vocab(n_pad, words)
-    V = len(tokens)
-    w = gguf.GGUFWriter(str(path), arch)
-    pre = arch  # metadata keys are prefixed with the architecture name
-    w.add_uint32(f"{pre}.context_length", N_CTX_TRAIN)
-    w.add_uint32(f"{pre}.embedding_length", N_EMBD)
-    w.add_uint32(f"{pre}.block_count", N_LAYER)
-    w.add_uint32(f"{pre}.feed_forward_length", N_FF)
-    w.add_uint32(f"{pre}.attention.head_count", N_HEAD)
-    w.add_uint32(f"{pre}.attention.head_count_kv", N_HEAD)
-    w.add_uint32(f"{pre}.rope.dimension_count", N_EMBD // N_HEAD)
-    w.add_float32(f"{pre}.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(bos_id)
-    w.add_eos_token_id(eos_id)
-    if eot_id is not None:
-        w.add_eot_token_id(eot_id)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(add_bos)
-    if chat_template is not None:
-        w.add_chat_template(chat_template)
-
-    def rand(*shape: int, scale: float = 0.2) -> np.ndarray:
-        base = rng.standard_normal(shape)
-        if noise > 0:
-            base = base + noise * noise_rng.standard_normal(shape)
-        return (base * scale).astype(np.float32)
-
-    emb = rand(V, N_EMBD, scale=1.0)
-    w.add_tensor("token_embd.weight", emb)
-    zero_out = bigram is not None  # a bigram model: layers add nothing to the residual stream
-    for i in range(N_LAYER):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, np.float32))
-        w.add_tensor(f"blk.{i}.attn_q.weight", rand(N_EMBD, N_EMBD))
-        w.add_tensor(f"blk.{i}.attn_k.weight", rand(N_EMBD, N_EMBD))
-        w.add_tensor(f"blk.{i}.attn_v.weight", rand(N_EMBD, N_EMBD))
-        out = rand(N_EMBD, N_EMBD)
-        w.add_tensor(f"blk.{i}.attn_output.weight", out * 0 if zero_out else out)
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, np.float32))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", rand(N_FF, N_EMBD))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", rand(N_FF, N_EMBD))
-        down = rand(N_EMBD, N_FF)
-        w.add_tensor(f"blk.{i}.ffn_down.weight", down * 0 if zero_out else down)
-    w.add_tensor("output_norm.weight", np.ones(N_EMBD, np.float32))
-    output = rand(V, N_EMBD, scale=0.3 * logit_scale)
-    if bigram is not None:
-        # logit of b after a = 0.5 * |e_a / rms(e_a)|^2 = 0.5 * N_EMBD = 32 for the scripted b,
-        # against cross terms of standard deviation 0.5 * sqrt(N_EMBD) = 4 for the others
-        unit = emb / np.sqrt((emb.astype(np.float64) ** 2).mean(axis=1, keepdims=True))
-        output = output * 0.05
-        for a, b in bigram.items():
-            output[b] += 0.5 * unit[a].astype(np.float32)
-    for t in zero_output_rows:
-        output[t] = 0.0
-    w.add_tensor("output.weight", output)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-def chain(tokens: Sequence[int]) -> dict[int, int]:
-    """The bigram map that makes each token of ``tokens`` follow the previous one (every token but
-    the last must be distinct: a bigram model's next token depends on the current one only)."""
-    assert len(set(tokens[:-1])) == len(tokens) - 1, "a bigram chain cannot repeat a token"
-    return {a: b for a, b in zip(tokens, tokens[1:])}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -263,7 +150,7 @@ def memory_slope(samples: Sequence[float]) -> float:
 
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                       env.get("PYTHONPATH")]))
     return env
 

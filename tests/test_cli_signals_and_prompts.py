@@ -1,5 +1,6 @@
-"""Issue "Reliability, round 3": what a new user broke under signals, in the CLI and the engine,
-each with the test that catches its return (the server items: tests/test_server_round3.py).
+"""Signals and prompt rules in the CLI and the engine (issue "Reliability, round 3"): what a new
+user broke, each with the test that catches its return (the server items:
+tests/test_server_lifecycle.py).
 
 3. concurrent probes lose forward-cost entries   4. SIGTERM loses --json / the bench journal
 9. one empty-prompt rule   10. -n -1   11. a UTF-8 BOM in a prompt file   12. wording
@@ -18,15 +19,15 @@ import time
 
 import pytest
 
-from reliability_support import (EOS, assert_one_line_error, chain, cli_env, make_engine, run_cli,
-                                 text_tokens, byte_token as T, write_llama)
+from support.tiny_gguf import EOS, chain, text_tokens, byte_token as T, write_llama
+from support.harness import assert_one_line_error, cli_env, make_engine, run_cli
 
 SCRIPT = "quick brown"  # a bigram model spells it (no letter twice), then EOS
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("round3")
+    d = tmp_path_factory.mktemp("cli_signals")
     return {"ver": write_llama(d / "ver.gguf", seed=11, zero_output_rows=[EOS]),
             "dft": write_llama(d / "dft.gguf", seed=11, zero_output_rows=[EOS], noise=0.1,
                                noise_seed=12),
