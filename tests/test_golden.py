@@ -4,6 +4,8 @@ tests/golden/record.py before a refactor, must come out of the current code unch
 The ids depend on llama.cpp's CPU kernels (float rounding), so they are stored per machine
 signature; on a machine with no recorded signature the cases cannot be compared and are skipped
 (record them there with ``python tests/golden/record.py`` on a commit known to be good).
+The native helper's own cases (tests/golden/native.json) need no model and no signature: they are
+compared on every machine.
 """
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ import pytest
 GOLDEN = Path(__file__).resolve().parent / "golden"
 sys.path.insert(0, str(GOLDEN))
 
-from cases import REAL_CASES, REAL_PROMPTS, TINY_CASES, TINY_PROMPTS  # noqa: E402
-from golden_run import generate_ids, load_pair, signature  # noqa: E402
+from cases import NATIVE_CASES, REAL_CASES, REAL_PROMPTS, TINY_CASES, TINY_PROMPTS  # noqa: E402
+from golden_run import generate_ids, load_pair, native_steps, signature  # noqa: E402
 
 
 def _check(paths, cases, prompts, set_name, n_ctx):
@@ -40,3 +42,9 @@ def test_golden_ids_on_the_tiny_pair(tiny_pair):
 
 def test_golden_ids_on_the_real_pair(qwen_pair):
     _check(qwen_pair, REAL_CASES, REAL_PROMPTS, "real", 1024)
+
+
+@pytest.mark.parametrize("name, acc", NATIVE_CASES, ids=[n for n, _ in NATIVE_CASES])
+def test_golden_native_steps(name, acc):
+    want = json.loads((GOLDEN / "native.json").read_text())[name]
+    assert native_steps(acc) == want

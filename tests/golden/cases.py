@@ -56,3 +56,24 @@ _RULES_REAL = [
 REAL_CASES = (_cases(_RULES_REAL, [("paper", _PAPER)], (3,), 24, REAL_PROMPTS)
               + _cases([("cactus", dict(method="cactus"))], [("greedy", _GREEDY)], (0,), 24,
                        REAL_PROMPTS))
+
+# The native helper alone (no llama.cpp): NATIVE_STEPS verification steps of each rule on logits
+# drawn from the helper's own generator, so the ids are the same on every machine (the helper is
+# built without FMA contraction, tests/golden/golden_run.py:native_steps). Settings spelled out.
+NATIVE_STEPS, NATIVE_V, NATIVE_K = 60, 48, 4
+NATIVE_SAMPLING = dict(temperature=0.8, top_k=20, top_p=0.95, min_p=0.05)
+NATIVE_END = (2, 7)  # the end set of the protected-ends cases
+_ACC = dict(delta=1.0, solver="taylor", budget="target", typical_epsilon=0.09, typical_alpha=0.3,
+            accept_top_k=5, ears_alpha=0.5, top_gap=float("inf"), end_tau=2.0)
+NATIVE_CASES = [(name, {**_ACC, **acc}) for name, acc in [
+    ("sps", dict(method="sps")),
+    ("cactus-d1", dict(method="cactus")),
+    ("cactus-exact-d0.5", dict(method="cactus", delta=0.5, solver="exact")),
+    ("cactus-output-d0.5", dict(method="cactus", delta=0.5, budget="output")),
+    ("cactus-gap0.5", dict(method="cactus", top_gap=0.5)),
+    ("cactus-ends0.1", dict(method="cactus", end_tau=0.1)),
+    ("typical", dict(method="typical")),
+    ("topk", dict(method="topk")),
+    ("greedy", dict(method="greedy")),
+    ("ears", dict(method="ears")),
+]]

@@ -1,6 +1,7 @@
 """Record the golden token ids of tests/golden/cases.py on this machine:
 
     python tests/golden/record.py            # writes tests/golden/golden.json (merging signatures)
+                                             # and tests/golden/native.json (machine-independent)
 
 Floating-point results depend on llama.cpp's CPU kernels, so the ids are stored per machine
 signature (see ``signature()``); tests/test_golden.py compares against the entry of the machine
@@ -16,20 +17,20 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from cases import REAL_CASES, REAL_PROMPTS, TINY_CASES, TINY_PROMPTS  # noqa: E402
-from golden_run import generate_ids, load_pair, signature  # noqa: E402
+from cases import NATIVE_CASES, REAL_CASES, REAL_PROMPTS, TINY_CASES, TINY_PROMPTS  # noqa: E402
+from golden_run import generate_ids, load_pair, native_steps, signature  # noqa: E402
 
 
 def main() -> None:
-    from tiny_gguf import write_tiny_llama
+    from support.tiny_gguf import write_llama
     import tempfile
 
     out = HERE / "golden.json"
     data = json.loads(out.read_text()) if out.exists() else {}
     with tempfile.TemporaryDirectory() as d:
-        tiny = (write_tiny_llama(Path(d) / "verifier.gguf", seed=11, logit_scale=2.0),
-                write_tiny_llama(Path(d) / "draft.gguf", seed=11, logit_scale=2.0, noise=0.5,
-                                 noise_seed=12))
+        tiny = (write_llama(Path(d) / "verifier.gguf", seed=11, logit_scale=2.0),
+                write_llama(Path(d) / "draft.gguf", seed=11, logit_scale=2.0, noise=0.5,
+                           noise_seed=12))
         sets = {"tiny": (tiny, TINY_CASES, TINY_PROMPTS)}
         if "--tiny-only" not in sys.argv:
             from cactus_gguf import registry
@@ -43,6 +44,10 @@ def main() -> None:
             data.setdefault(sig, {})[set_name] = ids
             print(f"{set_name}: {len(ids)} cases recorded for {sig}")
     out.write_text(dump(data))
+    native = {name: native_steps(acc) for name, acc in NATIVE_CASES}
+    (HERE / "native.json").write_text(
+        "{\n" + ",\n".join(f"  {json.dumps(n)}: {json.dumps(v)}" for n, v in native.items()) + "\n}\n")
+    print(f"native: {len(native)} cases recorded")
 
 
 def dump(data: dict) -> str:
