@@ -5,7 +5,9 @@
 
 Each DIR holds a ``bench.json`` written by ``cactus-gguf bench`` on the same prompts with the same
 seeds (a resumed or later run adds configurations). Runs are keyed by (prompt, configuration
-label); a later DIR's run replaces an earlier one's. Every figure is over the prompts that *every*
+label); a later DIR's run replaces an earlier one's. ``DIR=TAG`` appends `` TAG`` to that
+directory's labels, for runs whose difference is a request option the label does not show
+(e.g. ``per-answer-topgap-1-humaneval="g=1"``). Every figure is over the prompts that *every*
 listed configuration answered (paired), so a configuration run on fewer prompts narrows the table
 rather than being compared on other prompts.
 
@@ -28,11 +30,13 @@ from cactus_gguf.bench.summary import pass_at_1_statistics
 
 
 def load_runs(dirs: list[str]) -> dict[str, dict[str, dict]]:
-    """{configuration label: {prompt name: run}} over ``dirs`` (later directories win)."""
+    """{configuration label: {prompt name: run}} over ``dirs`` (``DIR`` or ``DIR=TAG``; later
+    directories win)."""
     out: dict[str, dict[str, dict]] = {}
-    for d in dirs:
+    for spec in dirs:
+        d, _, tag = spec.partition("=")
         report = json.loads((Path(d) / "bench.json").read_text(encoding="utf-8"))
-        labels = {c["id"]: c["label"] for c in report["configs"]}
+        labels = {c["id"]: c["label"] + (f" {tag}" if tag else "") for c in report["configs"]}
         for run in report["runs"]:
             out.setdefault(labels[run["config"]], {})[run["prompt"]] = run
     return out
@@ -85,7 +89,7 @@ def markdown(rows: list[dict], n: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("dirs", nargs="+", help="bench output directories (bench.json)")
+    ap.add_argument("dirs", nargs="+", help="bench output directories (bench.json), each optionally DIR=TAG")
     ap.add_argument("--configs", help="comma-separated configuration labels, in table order "
                     "(default: every label found)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
