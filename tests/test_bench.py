@@ -62,12 +62,34 @@ def tiny_run(tiny_pair, prompt_file, tmp_path_factory):
 
 def test_default_configs_cover_every_method():
     ids = [c["id"] for c in bench.config_grid(bench.default_methods(), DELTAS, (4,))]
-    assert ids == ["none", "sps-k4", "cactus-d0.5-k4", "cactus-d1-k4", "cactus-d2-k4", "typical-k4",
-                   "ngram-k4"]
+    assert ids == ["none", "sps-k4", "cactus-d0.5-k4", "cactus-d1-k4", "cactus-d2-k4",
+                   "cactus-ends-gap-d0.5-k4", "cactus-ends-gap-d1-k4", "cactus-ends-gap-d2-k4",
+                   "typical-k4", "ngram-k4"]
     two_k = bench.config_grid(("none", "sps"), (), (4, 8))
     assert [c["label"] for c in two_k] == ["none", "sps k=4", "sps k=8"]
     with pytest.raises(ValueError, match="unknown configuration"):
         bench.config_grid(("medusa",), (1.0,), (4,))
+
+
+def test_cactus_families_set_the_rule_whatever_the_base_request():
+    """cactus is the paper's rule, cactus-ends adds protected ends only, cactus-ends-gap both (the
+    base request's values, else PROTECT_ENDS / TOP_GAP)."""
+    import math
+
+    from cactus_gguf.options import Request
+
+    def rule(name, base):
+        cfg = bench.config_grid((name,), (1.0,), (4,))[0]
+        r = bench.request_for(base, cfg)
+        return r.protect_ends, r.top_gap
+
+    pair_like = Request(protect_ends=0.2, top_gap=1.5)
+    assert rule("cactus", pair_like) == ("off", math.inf)
+    assert rule("cactus-exact", pair_like) == ("off", math.inf)
+    assert rule("cactus-ends", pair_like) == (0.2, math.inf)
+    assert rule("cactus-ends-gap", pair_like) == (0.2, 1.5)
+    assert rule("cactus-ends-gap", Request()) == (0.1, 0.5)
+    assert rule("cactus-ends", Request()) == (0.1, math.inf)
 
 
 def test_schedule_rotates_the_configuration_order_per_prompt():

@@ -6,6 +6,8 @@ prompt), so machine drift slows every configuration alike.
 """
 from __future__ import annotations
 
+import math
+
 from typing import Sequence
 
 from ..errors import InputError
@@ -25,18 +27,22 @@ FAMILIES: dict[str, dict] = {
     # own answers' length and style, beside the verifier's
     "draft": {"acceptance": None, "drafter": None, "per_delta": False, "decoder": "draft"},
     "sps": {"acceptance": "sps", "drafter": "model", "per_delta": False},
-    # the paper's rule, whatever --protect-ends the base request (or its pair) has
+    # the paper's rule, whatever --protect-ends / --top-gap the base request (or its pair) has:
+    # ``protect_ends`` / ``top_gap`` False = off (inf), True = the base request's value (PROTECT_ENDS
+    # / TOP_GAP when that is off); the families without the key run the base request's
     "cactus": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
-               "protect_ends": False},
+               "protect_ends": False, "top_gap": False},
     "cactus-output": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
-                      "budget": "output"},
-    # Cactus with the exact binary-KL solver (the others use --solver, Taylor by default)
+                      "budget": "output", "protect_ends": False, "top_gap": False},
+    # the paper's rule with the exact binary-KL solver (the others use --solver, Taylor by default)
     "cactus-exact": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
-                     "solver": "exact"},
-    # Cactus with protected ends at the base request's --protect-ends (PROTECT_ENDS when that is
-    # off); the families without the key run the base request's
+                     "solver": "exact", "protect_ends": False, "top_gap": False},
+    # Cactus with protected ends only
     "cactus-ends": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
-                    "protect_ends": True},
+                    "protect_ends": True, "top_gap": False},
+    # Cactus with protected ends, relaxed only near the verifier's top: the product default
+    "cactus-ends-gap": {"acceptance": "cactus", "drafter": "model", "per_delta": True,
+                        "protect_ends": True, "top_gap": True},
     "typical": {"acceptance": "typical", "drafter": "model", "per_delta": False},
     "ears": {"acceptance": "ears", "drafter": "model", "per_delta": False},
     "topk": {"acceptance": "topk", "drafter": "model", "per_delta": False},
@@ -46,13 +52,15 @@ FAMILIES: dict[str, dict] = {
     "hybrid": {"acceptance": "cactus", "drafter": "hybrid", "per_delta": False},
 }
 METHODS = tuple(FAMILIES)
-PROTECT_ENDS = 0.1  # cactus-ends's threshold when the base request does not set one
+PROTECT_ENDS = 0.1  # cactus-ends's threshold when the base request's is off
+TOP_GAP = 0.5  # cactus-ends-gap's gap (nats) when the base request's is inf
 
 
 def default_methods(has_draft_model: bool = True) -> tuple[str, ...]:
-    """The default set: none, sps, cactus, typical and ngram.
-    Without a draft model only the configurations that need none (none, ngram)."""
-    methods = ["none", "sps", "cactus", "typical", "ngram"]
+    """The default set: none, sps, cactus (the paper's rule), cactus-ends-gap (the product
+    default), typical and ngram. Without a draft model only the configurations that need none
+    (none, ngram)."""
+    methods = ["none", "sps", "cactus", "cactus-ends-gap", "typical", "ngram"]
     if not has_draft_model:
         methods = [m for m in methods if not needs_draft_model(m)]
     return tuple(methods)
@@ -132,8 +140,9 @@ def config_grid(methods: Sequence[str], deltas: Sequence[float], ks: Sequence[in
                       "budget": fam.get("budget", "target") if fam["per_delta"] else None}
             if fam.get("solver"):
                 common["solver"] = fam["solver"]
-            if "protect_ends" in fam:
-                common["protect_ends"] = fam["protect_ends"]
+            for key in ("protect_ends", "top_gap"):
+                if key in fam:
+                    common[key] = fam[key]
             if fam["per_delta"]:
                 for d in (deltas if only is None else (only,)):
                     out.append({"id": f"{m}-d{_fmt_num(d)}-k{k}",
@@ -173,6 +182,10 @@ def request_for(base, cfg: dict, json_schema: str | None = None):
     elif cfg.get("protect_ends"):
         changes["protect_ends"] = (base.protect_ends if base.protect_ends != "off"
                                    else PROTECT_ENDS)
+    if cfg.get("top_gap") is False:
+        changes["top_gap"] = math.inf
+    elif cfg.get("top_gap"):
+        changes["top_gap"] = base.top_gap if base.top_gap != math.inf else TOP_GAP
     return base.replace(**changes)
 
 

@@ -266,7 +266,8 @@ OPTIONS: tuple[Option, ...] = (
            metavar="A"),
     Option("top_gap", float, float("inf"), "Cactus: relax only drafts within G nats of the "
            "verifier's top token (q[n] ≥ max q · e^−G); the others are accepted as SpS would; "
-           "`inf` = every draft (the paper's)", ("--top-gap",), range=Range(lo=0.0), metavar="G"),
+           "`inf` = every draft (the paper's rule)", ("--top-gap",), range=Range(lo=0.0),
+           recommend=True, metavar="G"),
     Option("protect_ends", float, "off", "Cactus: at positions where the verifier puts at least "
            "TAU on ending (end-of-generation tokens and tokens that start a stop string), keep "
            "that chance in what is emitted (the position falls back to SpS where Cactus would "
@@ -402,12 +403,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("limit", int, None, "use only the first N prompts", ("--limit",), scope="bench",
            range=Range(lo=1), optional=True, metavar="N", shown_default="all", commands=_BENCH),
     Option("configs", str, None, "configurations: none, draft (the draft model alone), sps, "
-           "cactus, cactus-output (δ bounds the emitted tokens: `--budget output`), cactus-exact "
-           "(the exact solver), cactus-ends (cactus with `--protect-ends`, 0.1 unless set), "
-           "typical, ears, topk, ngram, ngram-cactus, hybrid (cactus with `--drafter hybrid`); "
-           "`FAMILY@D` runs a Cactus family at δ = D only (`cactus-exact@1`)",
+           "cactus (the paper's rule: no protected ends, no top gap), cactus-output (δ bounds the "
+           "emitted tokens: `--budget output`), cactus-exact (the exact solver), cactus-ends "
+           "(protected ends: `--protect-ends`, 0.1 when off), cactus-ends-gap (protected ends and "
+           "`--top-gap`, 0.5 when inf: the default rule), typical, ears, topk, ngram, "
+           "ngram-cactus, hybrid (cactus with `--drafter hybrid`); `FAMILY@D` runs a Cactus "
+           "family at δ = D only (`cactus-exact@1`)",
            ("--configs",), scope="bench", grid=True, optional=True,
-           shown_default="none,sps,cactus,typical,ngram", commands=_BENCH),
+           shown_default="none,sps,cactus,cactus-ends-gap,typical,ngram", commands=_BENCH),
     Option("schema", str, "both", "prompts that carry a `json_schema` (structured-output sets): "
            "run each configuration unconstrained (`off`), constrained by the schema (`on`: the "
            "`+schema` rows) or `both`", ("--schema",), scope="bench", choices=("both", "on", "off"),

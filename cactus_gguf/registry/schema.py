@@ -144,8 +144,8 @@ class PairEntry:
     """A proven draft/verifier pair and its recommended decoding settings.
 
     settings  option name -> recommended value, for the options ``cactus_gguf.options`` marks
-              ``recommend=True`` (``RECOMMENDABLE``: k, k_max, delta, protect_ends, temperature, top_k,
-              top_p, min_p)
+              ``recommend=True`` (``RECOMMENDABLE``: k, k_max, delta, protect_ends, top_gap, temperature,
+              top_k, top_p, min_p)
               that the entry sets; each value passed ``options.check_value`` (floats as float).
               An option the entry does not set is absent: its own default applies.
     """

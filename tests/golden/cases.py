@@ -9,12 +9,14 @@ are those of a cold start.
 """
 from __future__ import annotations
 
-# (name, settings) - settings: method ("none" = verifier alone), delta, solver, drafter, k,
-# draft_min, draft_p_min, temperature, top_k, top_p, min_p, n_predict, seed, prompt index
+# (name, settings) - settings: method ("none" = verifier alone), delta, solver, top_gap,
+# protect_ends, drafter, k, draft_min, draft_p_min, temperature, top_k, top_p, min_p, n_predict, seed, prompt index
 _SAMPLED = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 _PAPER = dict(temperature=0.6, top_k=20, top_p=0.95, min_p=0.0)
 _GREEDY = dict(temperature=0.0, top_k=40, top_p=0.95, min_p=0.05)
-_BASE = dict(delta=1.0, solver="taylor", drafter="model", k=4, draft_min=0, draft_p_min=0.0)
+# the paper's Cactus rule (no top gap, no protected ends): the rule the ids were recorded with
+_BASE = dict(delta=1.0, solver="taylor", drafter="model", k=4, draft_min=0, draft_p_min=0.0,
+             top_gap=float("inf"), protect_ends="off")
 
 TINY_PROMPTS = ["hello world", "the cat sat on the mat and the dog"]
 REAL_PROMPTS = ["def fibonacci(n):", "Write a short story about a robot:"]

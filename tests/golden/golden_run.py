@@ -25,8 +25,8 @@ def load_pair(verifier, draft, n_ctx: int):
 
 def generate_ids(engine, prompt: str, c: dict) -> list[int]:
     """The case's ids from a cold start (cache_prompt off: nothing reused from the last case)."""
-    keys = ("method", "delta", "solver", "drafter", "k", "draft_min", "draft_p_min", "temperature",
-            "top_k", "top_p", "min_p", "n_predict", "seed")
+    keys = ("method", "delta", "solver", "top_gap", "protect_ends", "drafter", "k", "draft_min",
+            "draft_p_min", "temperature", "top_k", "top_p", "min_p", "n_predict", "seed")
     return engine.generate(prompt, cache_prompt=False, **{key: c[key] for key in keys}).tokens
 
 
