@@ -67,6 +67,8 @@ class GenerationStats:
     draft_stopped_at: emitted tokens when the draft model stopped drafting for the rest of the
     generation (None: it never did), for ``draft_stop_reason`` ("prompt does not fit the draft's
     context", "draft context full", "a token the draft's vocabulary lacks").
+    draft_vocab: how the draft's tokens reached the verifier (``same``, ``map``, ``intersect``,
+    ``text``; None without a draft model); coverage_sum / n_coverage: see ``vocab_coverage``.
     ``decode_seconds`` excludes prompt processing (``prefill_seconds``: both models' prompt
     decodes). ``grammar_seconds``: time in the grammar engine (masks, advances, rollbacks) of a
     constrained generation, inside draft and accept time; ``grammar_ms_per_token`` per emitted token.
@@ -97,6 +99,14 @@ class GenerationStats:
     accept_seconds: float = 0.0
     decode_seconds: float = 0.0
     grammar_seconds: float = 0.0
+    draft_vocab: str | None = None
+    coverage_sum: float = 0.0
+    n_coverage: int = 0
+
+    def add_coverage(self, mass: float) -> None:
+        """One step's Σ q over the verifier ids a foreign draft can propose."""
+        self.coverage_sum += mass
+        self.n_coverage += 1
 
     def add_step(self, step: StepOutcome) -> None:
         """Fold one step into the counters, timings and divergences."""
@@ -168,6 +178,14 @@ class GenerationStats:
         return self.delta_sum / self.n_evaluated if self.n_evaluated else 0.0
 
     @property
+    def vocab_coverage(self) -> float | None:
+        """A foreign draft (``draft_vocab`` map / intersect / text): the mean over steps of the
+        verifier's probability mass on the tokens the draft can propose (Σ q over the
+        vocabularies' intersection at each step's first position), in [0, 1]; None when not
+        measured (a draft of the verifier's own vocabulary, or none)."""
+        return self.coverage_sum / self.n_coverage if self.n_coverage else None
+
+    @property
     def grammar_ms_per_token(self) -> float:
         """Grammar-engine milliseconds per emitted token (0 unconstrained)."""
         return 1e3 * self.grammar_seconds / self.n_tokens if self.n_tokens else 0.0
@@ -181,7 +199,7 @@ class GenerationStats:
     DERIVED = ("mean_accepted_length", "acceptance_rate", "mean_drafted_length",
                "tokens_per_verifier_call", "tokens_per_second", "answer_seconds", "kl_mean",
                "output_kl_mean",
-               "delta_mean", "grammar_ms_per_token", "other_seconds")
+               "delta_mean", "vocab_coverage", "grammar_ms_per_token", "other_seconds")
 
     def as_dict(self) -> dict:
         """Every counter and derived figure, JSON-ready."""

@@ -210,7 +210,7 @@ def test_vocab_mismatch_names_the_first_differing_id(tiny_pair, tmp_path):
     other_words[3] = "▁bird"
     other = write_llama(tmp_path / "other.gguf", seed=5, words=other_words, logit_scale=1.0)
     with pytest.raises(VocabMismatchError, match=r"token id 262 is '▁cat' in the verifier and '▁bird'"):
-        decoder(ver, other)
+        decoder(ver, other, draft_vocab="same")
 
 
 def test_padded_vocabulary_is_accepted_and_tail_never_drafted(tiny_pair, tmp_path):
@@ -228,4 +228,4 @@ def test_different_eos_is_refused(tiny_pair, tmp_path):
     ver, _ = tiny_pair
     other = write_llama(tmp_path / "eos.gguf", seed=5, eos_id=0, logit_scale=1.0)
     with pytest.raises(VocabMismatchError, match="disagree on eos"):
-        decoder(ver, other)
+        decoder(ver, other, draft_vocab="same")

@@ -1,7 +1,9 @@
 """Issue #6, kind 1: vocabulary compatibility of the draft and the verifier.
 
-Refused before any decoding (naming the first difference): shared ids with different text, a
-different BOS / EOS / EOT id or add-BOS flag, a longer vocabulary whose extra ids are real tokens.
+Under ``draft_vocab same``, refused before any decoding (naming the first difference): shared ids
+with different text, a different BOS / EOS / EOT id or add-BOS flag, a longer vocabulary whose
+extra ids are real tokens. Under ``auto`` (the default) such pairs are served through a vocabulary
+map (tests/test_foreign_drafts.py).
 Accepted: vocabularies that differ only by unused padding ids at the end, on either side; the draft
 then gives the missing ids probability 0, and if the verifier emits one of its padding ids the
 draft cannot follow and the verifier decodes alone for the rest of that generation.
@@ -36,7 +38,7 @@ def models(tmp_path_factory):
     }
 
 
-# ---- refused, before any decoding ----------------------------------------------------------------
+# ---- refused under draft_vocab same, before any decoding ----------------------------------------------------------------
 
 @pytest.mark.parametrize("knob,what", [
     (dict(add_bos=False), "add_bos"),
@@ -49,7 +51,7 @@ def test_special_token_disagreement_is_refused_before_decoding(models, tmp_path,
     other = write_llama(tmp_path / "other.gguf", seed=5, **knob)
     shadow = KvShadow.install(monkeypatch)
     with pytest.raises(VocabMismatchError, match=rf"disagree on {what} \(verifier"):
-        make_engine(models["ver"], other)
+        make_engine(models["ver"], other, draft_vocab="same")
     assert shadow.decodes == []
 
 
@@ -63,7 +65,7 @@ def test_first_differing_shared_id_is_named(models, tmp_path, monkeypatch, index
     token_id = 259 + index
     with pytest.raises(VocabMismatchError, match=rf"token id {token_id} is '{WORDS[index]}' in the "
                                                  r"verifier and '▁zebra' in the draft"):
-        make_engine(models["ver"], other)
+        make_engine(models["ver"], other, draft_vocab="same")
     assert shadow.decodes == []
 
 
@@ -71,7 +73,7 @@ def test_a_real_token_past_the_shared_range_is_refused(models, tmp_path):
     longer = write_llama(tmp_path / "longer.gguf", seed=5, words=WORDS + ["▁zebra"])
     for ver, dft in ((models["ver"], longer), (longer, models["ver"])):
         with pytest.raises(VocabMismatchError, match=r"id 281 of longer.gguf \('▁zebra'\) is a real"):
-            make_engine(ver, dft)
+            make_engine(ver, dft, draft_vocab="same")
 
 
 def test_refused_pair_frees_both_models(models, tmp_path, monkeypatch):
@@ -81,7 +83,7 @@ def test_refused_pair_frees_both_models(models, tmp_path, monkeypatch):
 
     opened = track_loads(monkeypatch)
     with pytest.raises(VocabMismatchError):
-        make_engine(models["ver"], other)
+        make_engine(models["ver"], other, draft_vocab="same")
     assert sum(isinstance(m, Model) for m in opened) == 2
     assert all(m.closed for m in opened)
 

@@ -29,6 +29,10 @@ def summary(result, request) -> str:
         k = (f"k=auto (<= {request.k_max}, {s.n_drafted / max(1, s.n_steps):.2f} drafted/step)"
              if request.k == "auto" else f"k={request.k}")
         parts.append(f"{rule} {k}" + (f" drafter {request.drafter}" if request.drafter != "model" else ""))
+        if s.draft_vocab not in (None, "same"):
+            cover = (f", the verifier's mass on the shared tokens {s.vocab_coverage:.1%}"
+                     if s.vocab_coverage is not None else "")
+            parts.append(f"draft vocabulary: {s.draft_vocab}{cover}")
         if request.k == "auto" and s.n_drafted == 0 and s.draft_stopped_at is None:
             parts.append("drafted nothing (no draft length paid for itself here; -k N forces one)")
         else:

@@ -32,7 +32,7 @@ from .values import (_endpoints, _nonempty, _tensor_split, normalize_json_schema
 __all__ = ["Option", "OPTIONS", "LoadOptions", "Request", "options_in", "default", "check_value",
            "validate_pairing", "markdown_table", "constraint_of", "normalize_json_schema",
            "CONSTRAINTS", "parse_endpoints", "parse_tensor_split", "METHODS", "SOLVERS", "BUDGETS",
-           "DRAFTERS", "MODEL_DRAFTERS", "opt", "option_of", "check_fields"]
+           "DRAFTERS", "DRAFT_VOCABS", "MODEL_DRAFTERS", "opt", "option_of", "check_fields"]
 
 # The acceptance rules ("none" = no speculation, the verifier alone), Cactus solvers and budgets.
 # Names only: their C values come from the library (sampling/_clib.py asks it for each name).
@@ -40,6 +40,8 @@ METHODS = ("sps", "cactus", "typical", "topk", "greedy", "ears")
 SOLVERS = ("taylor", "exact")
 BUDGETS = ("target", "output")
 DRAFTERS = ("model", "ngram", "hybrid")
+# How a draft whose vocabulary is not the verifier's speculates (speculative/foreign.py)
+DRAFT_VOCABS = ("auto", "same", "map", "intersect", "text")
 MODEL_DRAFTERS = ("model", "hybrid")  # the drafters that run the DRAFT model
 
 
@@ -287,6 +289,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("draft_window", int, 0, "the draft model prefills only the last N tokens of the "
            "prompt (less prompt processing for a long prompt, at some acceptance); 0 = all",
            ("--draft-window",), range=Range(lo=0, note="0 = the whole prompt"), metavar="N"),
+    Option("draft_vocab", str, "auto", "how the draft's tokens reach the verifier: `same` (one "
+           "vocabulary, ids as they are), `map` (the same text tokens under other ids or special "
+           "tokens: ids translated), `intersect` (different tokenizers: the draft samples only "
+           "tokens both vocabularies have, renormalised; exact), `text` (different tokenizers: "
+           "the draft's text is re-tokenised by the verifier, proposals treated as one-hot); "
+           "`auto` = what `cactus-gguf vocab VERIFIER DRAFT` says the pair needs (README "
+           "\"Foreign drafts\")", ("--draft-vocab",), choices=DRAFT_VOCABS),
     Option("draft_min", int, 0, "drop a draft shorter than N (that step is verifier-only), as "
            "llama.cpp", ("--draft-min",), range=Range(lo=0), metavar="N"),
     Option("draft_p_min", float, 0.0, "stop drafting when the draft's most likely token has "

@@ -117,6 +117,7 @@ class Request(_OptionRecord):
     ngram_max: int = opt("ngram_max")
     ngram_min: int = opt("ngram_min")
     draft_window: int = opt("draft_window")
+    draft_vocab: str = opt("draft_vocab")
     draft_min: int = opt("draft_min")
     draft_p_min: float = opt("draft_p_min")
     temperature: float = opt("temperature")

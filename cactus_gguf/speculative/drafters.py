@@ -73,9 +73,21 @@ class Draft:
         """Prompt lookup proposed it (not empty, every token ``ngram``)."""
         return bool(self.sources) and self.sources[0] == "ngram"
 
+    @property
+    def deterministic(self) -> bool:
+        """Tokens without distributions (p one-hot): prompt lookup, or a draft's text re-tokenised
+        by the verifier; not sampled under a grammar's mask, so the grammar checks them after."""
+        return len(self) > 0 and self.probs is None
+
 
 class Drafter(Protocol):
     """Proposes draft tokens (see :class:`Draft`)."""
+
+    # How its tokens reach the verifier (the request's ``draft_vocab`` resolved: ``same``, ``map``,
+    # ``intersect``, ``text``; None for prompt lookup), and the verifier ids it can ever propose
+    # (bool [V], None when every id: the coverage Σ q over them is measured per step)
+    vocab_method: str | None
+    shared_v: np.ndarray | None
 
     def reset(self, prompt: Sequence[int], *, reuse: bool, lazy: bool = False) -> int | None:
         """Prepare to draft after ``prompt``. Returns the prompt tokens reused from an earlier
@@ -114,6 +126,8 @@ class ModelDrafter:
     which then sees positions 0 .. from the window's start): less prompt processing for long
     prompts, at some acceptance.
     """
+
+    vocab_method, shared_v = "same", None
 
     def __init__(self, ctx: Context, n_vocab: int, window: int = 0) -> None:
         self.ctx = ctx
@@ -210,6 +224,8 @@ class NgramDrafter:
     accepts with probability h[n] and SpS with q[n].
     """
 
+    vocab_method, shared_v = None, None
+
     def __init__(self, n_max: int, n_min: int) -> None:
         self.n_max, self.n_min = n_max, n_min
 
@@ -254,9 +270,10 @@ class HybridDrafter:
     drafts (one batched decode). Each Draft's ``sources`` say which one proposed it.
     """
 
-    def __init__(self, model: ModelDrafter, n_match: int) -> None:
+    def __init__(self, model: Drafter, n_match: int) -> None:
         self.model = model
         self.lookup = NgramDrafter(n_match, n_match)
+        self.vocab_method, self.shared_v = model.vocab_method, model.shared_v
 
     def reset(self, prompt: Sequence[int], *, reuse: bool, lazy: bool = False) -> int | None:
         return self.model.reset(prompt, reuse=reuse, lazy=lazy)

@@ -39,6 +39,7 @@ from ..sampling.constraints import Constraint, tokenizer_for
 from ..stats import GenerationResult
 from ..text import render_chat
 from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
+from .foreign import ForeignDrafter
 from ..registry.cache import cache_dir
 from .costs import SlowStepWatch, forward_costs
 from .loading import load_pair
@@ -127,7 +128,8 @@ class Engine:
             n_ctx); default: the verifier's.
         repack: weight repacking for both models, overriding ``load.repack`` (None = that).
     Raises:
-        ModelLoadError (a file llama.cpp cannot load), VocabMismatchError (an incompatible pair),
+        ModelLoadError (a file llama.cpp cannot load), VocabMismatchError (a draft that shares no
+            text token with the verifier; other vocabularies are served: README "Foreign drafts"),
         KvCacheTooLargeError, InputError (bad options). Nothing stays loaded after an error.
     """
 
@@ -138,8 +140,14 @@ class Engine:
         self.defaults = defaults if defaults is not None else Request()
         self.verifier: Context | None
         self.draft: Context | None
-        self.verifier, self.draft = load_pair(verifier, draft, self.load_options,
-                                              draft_context=draft_context, repack=repack)
+        self.verifier, self.draft, self.pair_vocab = load_pair(
+            verifier, draft, self.load_options, draft_context=draft_context, repack=repack)
+        if self.pair_vocab is not None:
+            try:  # a pair the defaults' draft_vocab cannot use is refused now, not per request
+                self.pair_vocab.method_for(self.defaults.draft_vocab)
+            except BaseException:
+                self.close()
+                raise
         self._lock = threading.RLock()
         self._owner: Session | None = None  # the session the caches currently hold
         self._costs: ForwardCosts | None = None  # -k auto: probed on first use
@@ -293,6 +301,7 @@ class Engine:
                 f"above {len(tokens)} or shorten the prompt by {len(tokens) - ver.n_ctx + 1} "
                 "tokens", param="n_ctx")
         acceptance = acceptance_params(req, self._end_mask(req))
+        seed = req.seed if req.seed >= 0 else secrets.randbits(32)
         drafter = None
         if acceptance is not None:
             if req.drafter == "ngram":
@@ -302,18 +311,39 @@ class Engine:
                                  "model, and this engine has none: load one, or use drafter "
                                  "ngram or method none", param="method", options=("drafter",))
             else:
-                drafter = ModelDrafter(self.draft, ver.n_vocab, req.draft_window)
+                drafter = self._model_drafter(req, seed)
                 if req.drafter == "hybrid":
                     drafter = HybridDrafter(drafter, req.ngram_max)
                 if req.draft_ceiling >= self.draft.n_batch:
                     name = req.draft_ceiling_option
                     raise InputError(f"{{{name}}}={req.draft_ceiling} must be below the draft's "
                                      f"n_batch={self.draft.n_batch}", param=name)
-        seed = req.seed if req.seed >= 0 else secrets.randbits(32)
         sampler = NativeSampler(ver.n_vocab, sampling_params(req),
                                 acceptance or AcceptanceParams(method="sps"), seed)
-        return Session(tokens, req, seed, sampler, drafter, self._policy(req, drafter),
-                       n_ctx=ver.n_ctx, constraint=self._constraint(req), should_stop=cancel)
+        session = Session(tokens, req, seed, sampler, drafter, self._policy(req, drafter),
+                          n_ctx=ver.n_ctx, constraint=self._constraint(req), should_stop=cancel)
+        session.stats.draft_vocab = drafter.vocab_method if drafter is not None else None
+        return session
+
+    def _model_drafter(self, req: Request, seed: int):
+        """The draft model's drafter for ``req``: the plain one when the pair shares one
+        vocabulary (or ``draft_vocab`` resolves to ``same``), else a ForeignDrafter in the method
+        ``draft_vocab`` resolves to (speculative/foreign.py). Raises InputError (a method the
+        pair cannot use; ``draft_window`` with a foreign draft)."""
+        ver, method = self._live(), self.pair_vocab.method_for(req.draft_vocab)
+        if method == "same":
+            return ModelDrafter(self.draft, ver.n_vocab, req.draft_window)
+        if req.draft_window:
+            raise InputError(f"{{draft_window}} works only with a draft of the verifier's "
+                             f"vocabulary, and this request drafts with {{draft_vocab}} {method}: "
+                             "set {draft_window} 0", param="draft_window",
+                             options=("draft_vocab",))
+        with self._lock:
+            translator = self.pair_vocab.translator(ver.model, self.draft.model)
+        return ForeignDrafter(self.draft, translator, method, sampling_params(req), seed,
+                              lambda text: ver.model.tokenize(text, add_special=False,
+                                                              parse_special=False),
+                              ver.n_vocab)
 
     def _end_mask(self, req: Request) -> np.ndarray | None:
         """The packed end set (uint32 [ceil(V / 32)]) of a Cactus request with ``protect_ends``:

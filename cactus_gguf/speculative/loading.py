@@ -1,5 +1,5 @@
 """Loading an engine's models: GGUF paths or registry names, the RPC servers checked first, each
-model's offload and context options from the LoadOptions, and the pair's vocabulary check.
+model's offload and context options from the LoadOptions, and how the pair's vocabularies relate.
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from ..llama import Context, ContextOptions, ModelOptions
 from ..llama.devices import check_servers
 from ..options import LoadOptions
-from .vocab import check_vocab_compatible
+from .foreign import PairVocab
 
 __all__ = ["load_pair", "model_path"]
 
@@ -44,16 +44,18 @@ def _load(name: str | Path, param: str, model_options: ModelOptions,
 
 def load_pair(verifier: str | Path, draft: str | Path | None, lo: LoadOptions, *,
               draft_context: ContextOptions | None = None,
-              repack: bool | None = None) -> tuple[Context, Context | None]:
-    """The verifier's context and the draft's (None without a draft), loaded with ``lo``'s
-    options (``draft_context``: the draft's own context options, default the verifier's;
-    ``repack`` overrides ``lo.repack`` for both). Raises ModelLoadError, VocabMismatchError,
+              repack: bool | None = None
+              ) -> tuple[Context, Context | None, PairVocab | None]:
+    """The verifier's context, the draft's and how their vocabularies relate (both None without
+    a draft), loaded with ``lo``'s options (``draft_context``: the draft's own context options,
+    default the verifier's; ``repack`` overrides ``lo.repack`` for both). Raises ModelLoadError,
+    VocabMismatchError (a draft that shares no text token with the verifier),
     KvCacheTooLargeError, RPC server errors; nothing stays loaded after an error."""
     repack = repack if repack is not None else lo.repack
     ctx_opts = ContextOptions(n_ctx=lo.n_ctx, n_batch=lo.n_batch, n_threads=lo.n_threads,
                               flash_attn=lo.flash_attn)
     check_servers(rpc=lo.rpc, rpc_draft=lo.rpc_draft if draft is not None else None)
-    ver = dft = None
+    ver = dft = pair = None
     try:
         ver = _load(verifier, "model",
                     ModelOptions(lo.n_gpu_layers, repack=repack, device=lo.device, rpc=lo.rpc,
@@ -65,10 +67,10 @@ def load_pair(verifier: str | Path, draft: str | Path | None, lo: LoadOptions, *
                                      rpc=lo.rpc_draft,
                                      option_names=("device_draft", "rpc_draft", "tensor_split")),
                         draft_context or ctx_opts)
-            check_vocab_compatible(ver.model, dft.model)
+            pair = PairVocab.of(ver.model, dft.model)
     except BaseException:
         for c in (dft, ver):  # contexts before models, the draft first (as Engine.close)
             if c is not None:
                 c.close()
         raise
-    return ver, dft
+    return ver, dft, pair

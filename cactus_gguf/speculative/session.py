@@ -65,6 +65,7 @@ class Session:
         self.result: GenerationResult | None = None
         self.t_prefill = 0.0  # when prompt processing began
         self.t_start = 0.0    # when decoding began (after it)
+        self.q_buffer = None  # float32 [V]: a foreign draft's coverage measurement (step.py)
 
     @property
     def remaining(self) -> int:

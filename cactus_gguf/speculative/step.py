@@ -1,9 +1,9 @@
 """One step of speculative decoding, top to bottom: draft, verify, accept, commit.
 
 For committed tokens t_0 .. t_{L-1} (t_{L-1} pending in both contexts; glossary in engine.py):
-  draft:   the policy picks k; the drafter proposes d_1 .. d_k as a Draft (drafters.py); a prompt
-           lookup proposal is cut at the first token the grammar refuses; the policy keeps the
-           prefix worth verifying;
+  draft:   the policy picks k; the drafter proposes d_1 .. d_k as a Draft (drafters.py); a
+           deterministic proposal (prompt lookup, a foreign draft's re-tokenised text) is cut at
+           the first token the grammar refuses; the policy keeps the prefix worth verifying;
   verify:  one verifier decode of [t_{L-1}, d_1 .. d_k] with logits for all k+1 rows
            (float32 [k+1, V], read in place);
   accept:  the native helper returns AL and the residual / bonus token (a request that does not
@@ -45,8 +45,8 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
 
     t_draft = time.perf_counter()
     proposal = _propose(session, k)
-    legal = proposal  # a prompt-lookup proposal: up to the first token the grammar refuses
-    if grammar is not None and proposal.lookup:
+    legal = proposal  # a deterministic proposal: up to the first token the grammar refuses
+    if grammar is not None and proposal.deterministic:
         legal = proposal.prefix(grammar.extend(proposal.tokens, len(proposal)))
     draft = legal.prefix(policy.keep(legal))  # worth a batched verification (empty: verifier-only)
 
@@ -55,6 +55,8 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
     logits = ver.decode(committed[ver.n_past:] + draft.tokens.tolist(), n_logits=len(draft) + 1)
 
     t_accept = time.perf_counter()
+    if session.drafter is not None and session.drafter.shared_v is not None:
+        session.stats.add_coverage(_coverage(session, logits[0], session.drafter.shared_v))
     verdict = _accept(session, draft, logits)
     n_acc = verdict.n_accepted
     if grammar is not None:
@@ -111,3 +113,13 @@ def _accept(session: Session, draft: Draft, logits: np.ndarray) -> StepResult:
     return session.sampler.verify(
         draft.probs, draft.tokens, logits,
         allowed=grammar.rows(len(draft)) if grammar is not None else None)
+
+
+def _coverage(session: Session, row: np.ndarray, shared_v: np.ndarray) -> float:
+    """Σ q over the verifier ids a foreign draft can propose (``shared_v``: bool [V]), q the
+    verifier's warped distribution at the step's first position (``row``: float32 [V] logits;
+    unconstrained by any grammar)."""
+    if session.q_buffer is None:
+        session.q_buffer = np.empty(session.sampler.n_vocab, dtype=np.float32)
+    session.sampler.warp_into(row, session.q_buffer)
+    return float(session.q_buffer[shared_v].sum(dtype=np.float64))

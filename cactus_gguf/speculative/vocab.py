@@ -1,5 +1,5 @@
-"""The vocabulary: can this draft speculate for this verifier (their tokenizers must agree id for
-id), and which ids end an answer (the end set of protected ends)."""
+"""The vocabulary: do this draft's ids mean what the verifier's do (else the pair speculates through
+speculative/foreign.py), and which ids end an answer (the end set of protected ends)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -9,7 +9,8 @@ import numpy as np
 from ..errors import InputError
 from ..llama import Model
 
-__all__ = ["VocabMismatchError", "check_vocab_compatible", "token_pieces", "end_set"]
+__all__ = ["VocabMismatchError", "check_vocab_compatible", "first_difference", "token_pieces",
+           "end_set"]
 
 
 def token_pieces(model: Model) -> list[str]:
@@ -43,43 +44,48 @@ class VocabMismatchError(InputError):
     """Draft and verifier tokenize differently; speculation between them would be meaningless."""
 
 
-def check_vocab_compatible(verifier: Model, draft: Model) -> None:
-    """Refuse a draft whose tokenizer differs from the verifier's.
+def first_difference(verifier: Model, draft: Model) -> str | None:
+    """Why the draft's ids do not mean what the verifier's do, naming the first difference (a
+    phrase), or None when they do.
 
-    Checked: tokenizer type; BOS / EOS / EOT ids and the add-BOS flag; the text of every id the two
-    vocabularies share. Vocabularies of different sizes are accepted only when the extra ids at the
-    end of the longer one are unused padding (e.g. 151,936 vs 152,064 in the Qwen2 family); the draft
+    Compared: tokenizer type; BOS / EOS / EOT ids and the add-BOS flag; the text of every id the
+    two vocabularies share. Vocabularies of different sizes agree when the extra ids at the end
+    of the longer one are unused padding (e.g. 151,936 vs 152,064 in the Qwen2 family); the draft
     then never proposes an id the verifier lacks.
-
-    Raises VocabMismatchError naming the first difference.
     """
     v, d = verifier.path.name, draft.path.name
-    fix = (f"pick a draft from the verifier's model family (`cactus-gguf vocab {verifier.path} "
-           f"{draft.path}` shows every difference)")
     if verifier.vocab_type != draft.vocab_type:
-        raise VocabMismatchError(
-            f"draft {d} and verifier {v} use different tokenizer types "
-            f"({draft.vocab_type} vs {verifier.vocab_type}): {fix}")
+        return (f"draft {d} and verifier {v} use different tokenizer types "
+                f"({draft.vocab_type} vs {verifier.vocab_type})")
     for what in ("bos", "eos", "eot", "add_bos"):
         a, b = getattr(verifier, what), getattr(draft, what)
         if a != b:
-            raise VocabMismatchError(f"draft {d} and verifier {v} disagree on {what} "
-                                     f"(verifier {a}, draft {b}): {fix}")
+            return f"draft {d} and verifier {v} disagree on {what} (verifier {a}, draft {b})"
     n_common = min(verifier.n_vocab, draft.n_vocab)
     for i in range(n_common):
         tv, td = verifier.token_text(i), draft.token_text(i)
         if tv != td:
-            raise VocabMismatchError(
-                f"draft {d} and verifier {v} have different vocabularies: token id {i} is "
-                f"{tv.decode('utf-8', 'replace')!r} in the verifier and "
-                f"{td.decode('utf-8', 'replace')!r} in the draft; {fix}")
+            return (f"draft {d} and verifier {v} have different vocabularies: token id {i} is "
+                    f"{tv.decode('utf-8', 'replace')!r} in the verifier and "
+                    f"{td.decode('utf-8', 'replace')!r} in the draft")
     longer = verifier if verifier.n_vocab > draft.n_vocab else draft
     for i in range(n_common, longer.n_vocab):
         text = longer.token_text(i)
         padding = (longer.token_attr(i) in (_ATTR_UNUSED, _ATTR_UNDEFINED)
                    or text.startswith((b"[PAD", b"<|PAD", b"<pad")))
         if not padding:
-            raise VocabMismatchError(
-                f"vocabulary sizes differ (verifier {verifier.n_vocab}, draft {draft.n_vocab}) and "
-                f"id {i} of {longer.path.name} ({text.decode('utf-8', 'replace')!r}) is a real "
-                f"token: {fix}")
+            return (f"vocabulary sizes differ (verifier {verifier.n_vocab}, draft "
+                    f"{draft.n_vocab}) and id {i} of {longer.path.name} "
+                    f"({text.decode('utf-8', 'replace')!r}) is a real token")
+    return None
+
+
+def check_vocab_compatible(verifier: Model, draft: Model) -> None:
+    """Refuse a draft whose ids do not mean what the verifier's do (:func:`first_difference`).
+
+    Raises VocabMismatchError naming the first difference and ``cactus-gguf vocab``.
+    """
+    why = first_difference(verifier, draft)
+    if why is not None:
+        raise VocabMismatchError(f"{why}: `cactus-gguf vocab {verifier.path} {draft.path}` "
+                                 "shows every difference")

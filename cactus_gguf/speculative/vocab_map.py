@@ -42,7 +42,7 @@ _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 _TEXT_TYPES = (_NORMAL, _BYTE, _USER_DEFINED)
 # the special-token roles of the GGUF metadata (tokenizer.ggml.<role>_token_id)
 ROLES = ("bos", "eos", "eot", "eom", "padding", "unknown")
-_FORMAT = 1  # version of the cached map's layout
+_FORMAT = 2  # version of the cached map's layout (2: every text id mapped, byte tokens to bytes)
 
 
 @lru_cache(maxsize=1)
@@ -183,25 +183,35 @@ class VocabMap:
                 "verifier_only": [list(x) for x in self.verifier_only]}
 
 
-def _keys(v: VocabInfo) -> tuple[dict[bytes, int], dict[str, int]]:
-    """text bytes -> first id, control text -> id."""
+def _keys(v: VocabInfo) -> tuple[dict[bytes, int], dict[tuple[bytes, bool], int], dict[str, int]]:
+    """text bytes -> the id a tokenizer would use for them (the first id that is not a
+    byte-fallback token, else the byte token); (text bytes, is a byte token) -> first id; control
+    text -> id."""
     text: dict[bytes, int] = {}
+    exact: dict[tuple[bytes, bool], int] = {}
     control: dict[str, int] = {}
     for i, (piece, t) in enumerate(zip(v.pieces, v.types.tolist())):
         if t in _TEXT_TYPES:
-            text.setdefault(piece_bytes(piece, v.model, t), i)
+            b = piece_bytes(piece, v.model, t)
+            exact.setdefault((b, t == _BYTE), i)
+            if t != _BYTE:
+                text.setdefault(b, i)
         elif t == _CONTROL:
             control.setdefault(piece, i)
-    return text, control
+    for (b, _), i in exact.items():  # bytes only a byte-fallback token spells
+        text.setdefault(b, i)
+    return text, exact, control
 
 
 def build_map(verifier: VocabInfo, draft: VocabInfo, n_examples: int = 5) -> VocabMap:
     """The map from ``draft``'s ids to ``verifier``'s (see :class:`VocabMap`). Pure."""
-    v_text, v_control = _keys(verifier)
-    d_text, d_control = _keys(draft)
+    v_text, v_exact, v_control = _keys(verifier)
+    d_text, d_exact, d_control = _keys(draft)
     d2v = np.full(draft.n_vocab, -1, dtype=np.int32)
-    for b, i in d_text.items():
-        d2v[i] = v_text.get(b, -1)
+    # every draft text token: the verifier's token of the same bytes and kind (a byte-fallback
+    # token for a byte-fallback token), else the one its tokenizer would use for those bytes
+    for (b, is_byte), i in d_exact.items():
+        d2v[i] = v_exact.get((b, is_byte), v_text.get(b, -1))
     # specials: by role, then by text
     specials: dict[str, tuple[int | None, int | None]] = {}
     for role in ROLES:
@@ -293,10 +303,11 @@ def vocab_map(verifier_path: str | os.PathLike[str], draft_path: str | os.PathLi
 
 _METHOD_TEXT = {
     "same": "same: every id means the same token; the pair speculates as it is",
-    "map": "map: the same text tokens and merges, other special tokens or ids; draft ids need "
-           "translating (not built yet: such a pair is refused today)",
-    "intersect": "intersect: different tokenizers; drafting must be restricted to the shared "
-                 "tokens or go through text (not built yet: such a pair is refused today)",
+    "map": "map: the same text tokens and merges, other special tokens or ids; draft ids are "
+           "translated (`--draft-vocab auto` uses map)",
+    "intersect": "intersect: different tokenizers; `--draft-vocab auto` drafts only the shared "
+                 "tokens (intersect), `--draft-vocab text` re-tokenises the draft's text instead "
+                 "(README \"Foreign drafts\")",
 }
 
 

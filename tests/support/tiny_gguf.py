@@ -7,7 +7,7 @@ padding, a noisy copy of a model (a related draft), output rows zeroed, a chat t
 scripted *bigram* model whose next token is fixed by the current one (so a test can make llama.cpp
 emit chosen tokens; ``chain`` builds the map).
 
-Vocabulary (V = 3 + 256 + len(words) + n_pad): <unk>, <s>, </s>, the 256 byte tokens <0x00>..<0xFF>
+Vocabulary (V = 3 + 256 + len(words) + n_pad): <unk>, <s>, </s> (then any extra control tokens), the 256 byte tokens <0x00>..<0xFF>
 (so any UTF-8 text round-trips, and multi-byte characters span several tokens), then the SentencePiece
 words below. ``n_pad`` unused padding ids may be appended (the Qwen2-style padded-vocabulary case).
 """
@@ -25,11 +25,14 @@ WORDS = ["▁", "▁the", "▁a", "▁cat", "▁dog", "▁sat", "▁on", "▁mat
 N_LAYER, N_EMBD, N_HEAD, N_FF, N_CTX_TRAIN = 2, 64, 4, 128, 2048
 
 
-def vocab(n_pad: int = 0, words: list[str] = WORDS) -> tuple[list[str], list[float], list[int]]:
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list(words)
+def vocab(n_pad: int = 0, words: list[str] = WORDS, extra_control: Sequence[str] = ()
+          ) -> tuple[list[str], list[float], list[int]]:
+    tokens = (["<unk>", "<s>", "</s>"] + list(extra_control) + [f"<0x{b:02X}>" for b in range(256)]
+              + list(words))
     types = ([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+             + [gguf.TokenType.CONTROL] * len(extra_control)
              + [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * len(words))
-    scores = [0.0] * 259 + [-float(i) for i in range(len(words))]
+    scores = [0.0] * (259 + len(extra_control)) + [-float(i) for i in range(len(words))]
     for i in range(n_pad):
         tokens.append(f"[PAD{i}]")
         types.append(gguf.TokenType.UNUSED)
@@ -58,7 +61,7 @@ def write_llama(path: str | Path, *, seed: int = 11, arch: str = "llama", add_bo
                 logit_scale: float = 2.0, n_pad: int = 0, noise: float = 0.0, noise_seed: int = 0,
                 zero_output_rows: Sequence[int] = (),
                 bigram: dict[int, int] | None = None, words: list[str] = WORDS,
-                chat_template: str | None = None) -> Path:
+                extra_control: Sequence[str] = (), chat_template: str | None = None) -> Path:
     """Write a 2-layer llama GGUF with float32 weights; return its path.
 
     ``logit_scale`` multiplies the output matrix: larger means peakier next-token distributions.
@@ -67,6 +70,8 @@ def write_llama(path: str | Path, *, seed: int = 11, arch: str = "llama", add_bo
 
     ``zero_output_rows``: token ids whose output-layer row is 0 (logit exactly 0 while the other
     logits spread over about +-14: such a token is practically never sampled, e.g. EOS for a long run).
+    ``words``: the SentencePiece words after the byte tokens; ``extra_control``: control tokens
+    inserted after ``</s>`` (every later id moves up: a vocabulary with other special tokens).
     ``chat_template``: a Jinja chat template (``tokenizer.chat_template``), e.g. CHAT_TEMPLATE.
     ``bigram``: {current token: next token}. The attention and FFN outputs are zeroed, so the final
     hidden state is the normalised embedding of the current token, and the output layer maps it to a
@@ -76,7 +81,7 @@ def write_llama(path: str | Path, *, seed: int = 11, arch: str = "llama", add_bo
     path = Path(path)
     rng = np.random.default_rng(seed)
     noise_rng = np.random.default_rng(noise_seed)
-    tokens, scores, types = vocab(n_pad, words)
+    tokens, scores, types = vocab(n_pad, words, extra_control)
     V = len(tokens)
     w = gguf.GGUFWriter(str(path), arch)
     pre = arch  # metadata keys are prefixed with the architecture name
