@@ -227,3 +227,23 @@ def test_cli_serves_a_foreign_pair_and_names_what_differs_under_same(models):
                 "--draft-vocab", "same")
     assert_one_line_error(r, "--draft-vocab same, but draft foreign.gguf and verifier ver.gguf "
                              "have different vocabularies", "cactus-gguf vocab")
+
+
+# ---- the real models: Qwen2.5-Coder-1.5B verifier, SmolLM2-135M draft ------------------------------
+
+def test_real_foreign_draft_greedy_equals_the_verifier_alone(qwen_pair, smollm_path):
+    """Both methods, SpS and Cactus, on the quantized pair: the verifier's own greedy tokens
+    (this prompt has no near-tie within the batch shapes' rounding: README "Greedy
+    equivalence"), with drafts accepted."""
+    from cactus_gguf import Engine, LoadOptions, Request
+
+    greedy = Request(k=4, temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, n_predict=64)
+    with Engine(qwen_pair[0], smollm_path, LoadOptions(n_ctx=1024), defaults=greedy) as eng:
+        assert eng.pair_vocab.kind == "intersect"
+        base = eng.generate("def quicksort(arr):", seed=0, method="none")
+        for vocab in ("intersect", "text"):
+            for method in ("sps", "cactus"):
+                out = eng.generate("def quicksort(arr):", seed=5, method=method, draft_vocab=vocab)
+                assert out.tokens == base.tokens, (vocab, method)
+                assert out.stats.draft_vocab == vocab and out.stats.acceptance_rate > 0.2
+                assert 0.5 < out.stats.vocab_coverage <= 1.0 + 1e-6

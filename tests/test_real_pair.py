@@ -91,9 +91,17 @@ def test_cli_json(qwen_pair):
     assert out["kl_max"] == 0.0  # SpS targets q exactly
 
 
-def test_cli_different_vocabulary_is_a_one_line_error(qwen_pair, smollm_path):
-    r = run_cli("run", str(qwen_pair[0]), str(smollm_path), "-p", "hello", "-n", "4")
+def test_cli_a_draft_of_another_vocabulary_is_served_and_same_refuses_it(qwen_pair, smollm_path):
+    r = run_cli("run", str(qwen_pair[0]), str(smollm_path), "-p", "def add(a, b):", "-n", "8",
+                "-k", "2", "--seed", "1")
+    assert r.returncode == 0, r.stderr
+    assert "draft vocabulary: intersect, the verifier's mass on the shared tokens" in r.stderr
+    r = run_cli("run", str(qwen_pair[0]), str(smollm_path), "-p", "hello", "-n", "4",
+                "--draft-vocab", "same")
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("cactus-gguf: error:"), r.stderr
+    assert len(lines) == 1 and lines[0].startswith("cactus-gguf: error: --draft-vocab same, but "
+                                                   "draft SmolLM2-135M-Instruct.Q4_1.gguf and "
+                                                   "verifier qwen2.5-coder-1.5b"), r.stderr
+    assert "the tokenizers differ (39234 of the draft's 49135 text tokens" in lines[0]
     assert "Traceback" not in r.stderr
