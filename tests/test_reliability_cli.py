@@ -80,9 +80,13 @@ def test_truncated_gguf_files_are_one_line_errors(files):
                 or "not a GGUF file" in line), line
 
 
-def test_different_vocabularies_are_a_one_line_error(files):
+def test_different_vocabularies_are_served_and_refused_under_same(files):
     r = run_cli("run", files["ver"], files["other_vocab"], "-p", "hello", "-n", "4", "-t", "1")
-    assert_one_line_error(r, "token id 262 is '▁cat' in the verifier and '▁bird' in the draft")
+    assert r.returncode == 0 and "draft vocabulary: intersect" in r.stderr, r.stderr
+    r = run_cli("run", files["ver"], files["other_vocab"], "-p", "hello", "-n", "4", "-t", "1",
+                "--draft-vocab", "same")
+    assert_one_line_error(r, "--draft-vocab same, but draft",
+                          "token id 262 is '▁cat' in the verifier and '▁bird' in the draft")
 
 
 # ---- bad numbers and flags: rejected before any model is touched ------------------------------------
