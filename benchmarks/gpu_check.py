@@ -38,10 +38,9 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from support.llama_build import BACKEND_FLAGS, gpu_build  # noqa: E402
 
-# SpS and Cactus before the verifier alone: on lavapipe, an engine whose verifier has run a whole
-# answer of one-token decodes (method none) segfaults in its next multi-row verification (found
-# here, not yet understood: the same decodes by hand on one Context do not crash)
-METHODS = ("sps", "cactus", "none")
+# the verifier alone first, then SpS and Cactus on the same engine (one-row decodes, then multi-row
+# verifications: the order that crashed lavapipe before Context's warm-up, llama/context.py)
+METHODS = ("none", "sps", "cactus")
 ALL_LAYERS = ("-ngl", "99", "-ngld", "99")
 
 

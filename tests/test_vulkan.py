@@ -124,6 +124,36 @@ def test_real_pair_greedy_speculation_equals_the_verifier_alone(build, qwen_pair
         assert spec["n_drafted"] > spec["n_accepted"] > 0, method  # rejections: rollbacks
 
 
+def job_methods_in_turn(ver: str, dft: str, n_predict: int) -> dict:
+    """One engine, both models on the device: a whole greedy answer of the verifier alone (one-row
+    decodes), then SpS, then Cactus, then the verifier alone again; tokens per method, and each
+    context's warm-up rows."""
+    from support.harness import make_engine
+
+    with make_engine(ver, dft, k=4, method="sps", temp=0.0) as dec:
+        tokens = {}
+        for i, method in enumerate(("none", "sps", "cactus", "none")):
+            res = dec.generate("the cat sat on", n_predict=n_predict, method=method, seed=0)
+            tokens[f"{i}:{method}"] = res.tokens
+        where = dec.verifier.model.placement.summary(), dec.draft.model.placement.summary()
+        warmup = list(dec.verifier.warmup_rows), list(dec.draft.warmup_rows)
+    return {"tokens": tokens, "where": where, "warmup": warmup}
+
+
+def test_verifier_alone_then_speculation_on_one_engine(build, tiny_pair):
+    """The verifier alone for a whole answer, then SpS and Cactus on the same engine: on lavapipe
+    the multi-row verification after one-row decodes grew flash attention's split-k scratch in the
+    middle of a decode and crashed the driver's queue thread (llama/context.py: the warm-up)."""
+    out = on_device(build, "job_methods_in_turn", ver=str(tiny_pair[0]), dft=str(tiny_pair[1]),
+                    n_predict=64)
+    assert out["where"] == ["3/3 layers on Vulkan0"] * 2
+    assert out["warmup"] == [[8, 4, 2, 1]] * 2
+    tokens = out["tokens"]
+    alone = tokens["0:none"]
+    assert len(alone) == 64
+    assert tokens == {"0:none": alone, "1:sps": alone, "2:cactus": alone, "3:none": alone}
+
+
 @pytest.mark.parametrize("ngl, ngld, where", [
     ("99", "0", "29/29 layers on Vulkan0"),   # verifier on the device, draft on the CPU
     ("0", "99", "0/29 layers offloaded (CPU)"),   # the reverse
@@ -131,8 +161,8 @@ def test_real_pair_greedy_speculation_equals_the_verifier_alone(build, qwen_pair
 ], ids=["draft-cpu", "verifier-cpu", "partial"])
 def test_real_pair_split_placements(build, qwen_pair, ngl, ngld, where):
     """The verifier on one side and the draft on the other (the first of these crashed lavapipe
-    before Context asked every batch for an output row); SpS equals the verifier alone with the
-    verifier placed the same."""
+    before a context's warm-up: llama/context.py); SpS equals the verifier alone with the verifier
+    placed the same."""
     ver, dft = qwen_pair
     args = (ver, dft, "-p", PROMPT, "-n", "12", "-c", "512", "-ngl", ngl, "-ngld", ngld)
     alone = generate(build, *args, "--method", "none")

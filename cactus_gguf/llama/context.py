@@ -7,6 +7,21 @@ sequence 0), so a caller can reuse the longest common prefix with what it wants 
 (:meth:`Context.sync`: llama-server's ``cache_prompt``) instead of decoding everything again.
 Every ``llama_decode`` / ``llama_memory_seq_rm`` result is checked; a failed decode rolls the cache
 back to its state before the call.
+
+Mesa's lavapipe (the software Vulkan device the GPU tests run on; Debian 12's Mesa 22.3) reads every
+binding of a descriptor set it binds, also those the shader does not use. ggml-vulkan writes only
+the bindings a shader uses, and keeps per-context scratch buffers that it grows in the middle of a
+decode when a shape needs more (``ggml_vk_preallocate_buffers`` frees the old buffer); flash
+attention's split-k scratch sits at binding 5 of its dispatch. After it grows, a descriptor set that
+still names the freed buffer in a binding the next shader does not use crashes lavapipe's queue
+thread (a SIGSEGV while ``llama_get_logits`` waits for the device): e.g. one-token decodes (method
+none) and then a multi-row verification, or a prompt decoded without logits and then a batch with
+logits. A scratch buffer that grows from nothing frees nothing, so on lavapipe a context's first
+decodes are small batches, every row an output, largest first (:data:`LAVAPIPE_WARMUP_ROWS`, then
+the cache is cleared): the split-k scratch reaches at once the size of the largest batch a
+speculative step asks for (the short-context size; ggml-vulkan may still grow it past a few
+thousand cached tokens). Flash attention stays on: without it lavapipe's one-row and multi-row
+kernels round differently, and greedy speculation would not give the verifier's tokens.
 """
 from __future__ import annotations
 
@@ -25,9 +40,14 @@ from ..options import check_fields, opt
 from . import devices, log
 from .hw import default_threads, physical_memory
 from .model import ModelLoadError, Model, ModelOptions
-from .placement import kv_shares
+from .placement import kv_shares, on_lavapipe
 
-__all__ = ["ContextOptions", "Context", "DecodeError", "DecodeCancelled", "KvCacheTooLargeError"]
+__all__ = ["ContextOptions", "Context", "DecodeError", "DecodeCancelled", "KvCacheTooLargeError",
+           "LAVAPIPE_WARMUP_ROWS"]
+
+#: rows of the warm-up decodes on lavapipe, in order (module docstring): the split-k scratch of
+#: flash attention is largest for 2, 4 or 8 rows (then 1 row; none past 16 with these kernels)
+LAVAPIPE_WARMUP_ROWS = (8, 4, 2, 1)
 
 
 class DecodeError(EngineError):
@@ -119,13 +139,26 @@ class Context:
         self.n_ctx: int = llama_cpp.llama_n_ctx(self.ptr)
         self.n_batch: int = llama_cpp.llama_n_batch(self.ptr)
         self.tokens: list[int] = []
-        # ggml-vulkan (seen on Mesa's lavapipe): when a context's first llama_decode has no output
-        # row (a prompt decoded without logits), the next multi-token decode with outputs
-        # segfaults in the driver's thread. So on builds that offload, every batch asks for at
-        # least its last row (one row of the output layer; the KV cache is the same either way).
-        self._output_every_batch = bool(llama_cpp.llama_supports_gpu_offload())
         self._should_stop = None  # interruptible(): asked between the n_batch chunks of a decode
         self._make_batch()
+        #: the rows of the warm-up decodes this context made (module docstring; () off lavapipe)
+        self.warmup_rows: tuple[int, ...] = ()
+        if options.flash_attn != "off" and on_lavapipe(model.placement):
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """On lavapipe: decode ``LAVAPIPE_WARMUP_ROWS`` batches, every row an output, then clear the
+        cache (module docstring). A failed decode is left to the first real one to report."""
+        rows = tuple(r for r in LAVAPIPE_WARMUP_ROWS if r <= min(self.n_batch, self.n_ctx))
+        token = max(0, self.model.bos)
+        try:
+            for r in rows:
+                self.decode([token] * r, n_logits=r)
+                self.clear()
+        except DecodeError:
+            self.clear()
+            return
+        self.warmup_rows = rows
 
     def _create(self, options: ContextOptions) -> None:
         """Create the llama.cpp context (``self._ctx``, its ``ptr`` and ``memory``), allocating
@@ -263,8 +296,6 @@ class Context:
             self._b_logits[:m] = 0
             if first_out < m:
                 self._b_logits[first_out:m] = 1
-            elif self._output_every_batch:
-                self._b_logits[m - 1] = 1  # an unused output row (see __init__)
             self._batch.batch.n_tokens = m
             rc = devices.call(self._remote, llama_cpp.llama_decode, self.ptr, self._batch.batch)
             if rc != 0:

@@ -23,7 +23,7 @@ from . import devices
 from .devices import _DEV_CPU, _DEV_GPU, _DEV_IGPU, _P, _dev_description, _dev_name, _fn
 
 __all__ = ["LayerPlacement", "device_report", "device_memory", "parse_layer_lines", "devices_key",
-           "kv_shares"]
+           "kv_shares", "on_lavapipe"]
 
 _DEV_ACCEL = 3  # enum ggml_backend_dev_type: CPU, GPU, IGPU, ACCEL
 _TYPE_NAMES = {_DEV_CPU: "CPU", _DEV_GPU: "GPU", _DEV_IGPU: "integrated GPU",
@@ -102,6 +102,17 @@ def kv_shares(placement: "LayerPlacement", kv_bytes: int) -> list[tuple[str, str
             share = kv_bytes * sum(d == name for d in repeating) // max(1, len(repeating))
             out.append((name, _dev_description(dev), share, free))
     return out
+
+
+def on_lavapipe(placement: "LayerPlacement | None") -> bool:
+    """Whether layers of this placement run on Mesa's lavapipe, the software Vulkan device (it
+    describes itself as ``llvmpipe (LLVM ...)``). With no placement (another llama.cpp's log):
+    whether this process sees a lavapipe device at all."""
+    described = {_dev_name(d): _dev_description(d) for d in devices._all_devices()}
+    lavapipe = {name for name, what in described.items() if what.startswith("llvmpipe")}
+    if placement is None:
+        return bool(lavapipe)
+    return any(d in lavapipe for d in placement.devices)
 
 
 def parse_layer_lines(lines: Sequence[str]) -> LayerPlacement | None:
