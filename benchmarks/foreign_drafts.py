@@ -16,7 +16,7 @@ top-p 0.95), fixed k and one seed per prompt:
     intersect sps / cactus   SmolLM2, restricted to the shared tokens
     text sps / cactus        SmolLM2, its text re-tokenised by the verifier
 
-Per answer: seconds end to end, verifier calls, draft forwards, tokens; acceptance, tokens per
+Per answer: seconds end to end (prompt processing included, no prefix reuse), verifier calls, draft forwards, tokens; acceptance, tokens per
 verifier call, the verifier's mass on the shared tokens (``vocab_coverage``); HumanEval pass@1.
 Writes foreign-drafts.json (every answer) and foreign-drafts.md (means per configuration and
 set, and each configuration's per-answer seconds / verifier calls against none's, paired).
@@ -85,7 +85,10 @@ def measure(args) -> list[dict]:
             order = CONFIGS[i % len(CONFIGS):] + CONFIGS[:i % len(CONFIGS)]  # rotate
             for label, which, method, vocab in order:
                 extra = CACTUS if method == "cactus" else {}
-                request = base.replace(method=method, draft_vocab=vocab, seed=1000 + i, **extra)
+                # every answer pays its prompt in full, as a new question would: with prefix
+                # reuse the first configuration on each engine would pay it for the others
+                request = base.replace(method=method, draft_vocab=vocab, seed=1000 + i,
+                                       cache_prompt=False, **extra)
                 row = {"set": kind, "prompt": prompt.id, "config": label,
                        **_answer(engines[which], text, prompt, request)}
                 rows.append(row)
