@@ -24,8 +24,8 @@ HERE = Path(__file__).resolve().parent.parent
 def run(tree: Path, prompt: str, n: int, k: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     r = subprocess.run([sys.executable, "-m", "cactus_gguf", "run", "-p", prompt, "-n", str(n),
-                        "--seed", "7", "--json", "-t", "2", "-k", k], capture_output=True, text=True,
-                       env=env, cwd=tree, check=True)
+                        "--seed", "7", "--json", "-t", "2", "-k", k], capture_output=True,
+                       text=True, env=env, cwd=tree, check=True)
     return json.loads(r.stdout)
 
 
