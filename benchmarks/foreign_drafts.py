@@ -17,7 +17,8 @@ top-p 0.95), fixed k and one seed per prompt:
     text sps / cactus        SmolLM2, its text re-tokenised by the verifier
 
 Per answer: seconds end to end (prompt processing included, no prefix reuse), verifier calls,
-draft forwards, tokens; acceptance, tokens per verifier call, the verifier's mass on the shared tokens (``vocab_coverage``); HumanEval pass@1.
+draft forwards, tokens; acceptance, tokens per verifier call, the verifier's mass on the shared
+tokens (``vocab_coverage``); HumanEval pass@1.
 Writes foreign-drafts.json (every answer) and foreign-drafts.md (means per configuration and
 set, and each configuration's per-answer seconds / verifier calls against none's, paired).
 """
