@@ -127,7 +127,7 @@ def test_real_pair_greedy_speculation_equals_the_verifier_alone(build, qwen_pair
 def job_methods_in_turn(ver: str, dft: str, n_predict: int) -> dict:
     """One engine, both models on the device: a whole greedy answer of the verifier alone (one-row
     decodes), then SpS, then Cactus, then the verifier alone again; tokens per method, and each
-    context's warm-up rows."""
+    context's warm-up (prompt tokens, rows)."""
     from support.harness import make_engine
 
     with make_engine(ver, dft, k=4, method="sps", temp=0.0) as dec:
@@ -136,7 +136,7 @@ def job_methods_in_turn(ver: str, dft: str, n_predict: int) -> dict:
             res = dec.generate("the cat sat on", n_predict=n_predict, method=method, seed=0)
             tokens[f"{i}:{method}"] = res.tokens
         where = dec.verifier.model.placement.summary(), dec.draft.model.placement.summary()
-        warmup = list(dec.verifier.warmup_rows), list(dec.draft.warmup_rows)
+        warmup = [[c.warmup.prompt, c.warmup.rows] for c in (dec.verifier, dec.draft)]
     return {"tokens": tokens, "where": where, "warmup": warmup}
 
 
@@ -147,11 +147,34 @@ def test_verifier_alone_then_speculation_on_one_engine(build, tiny_pair):
     out = on_device(build, "job_methods_in_turn", ver=str(tiny_pair[0]), dft=str(tiny_pair[1]),
                     n_predict=64)
     assert out["where"] == ["3/3 layers on Vulkan0"] * 2
-    assert out["warmup"] == [[8, 4, 2, 1]] * 2
+    assert out["warmup"] == [[0, 4]] * 2  # tests/test_lavapipe.py: n_ctx 512 needs no prompt
     tokens = out["tokens"]
     alone = tokens["0:none"]
     assert len(alone) == 64
     assert tokens == {"0:none": alone, "1:sps": alone, "2:cactus": alone, "3:none": alone}
+
+
+def test_a_long_prompt_never_grows_the_scratch_after_the_warm_up(build, tiny_pair, tmp_path):
+    """~1100 prompt tokens in a 2048-cell context, then SpS: one-row draft decodes and five-row
+    verifications at 1024+ cached cells, where ggml-vulkan splits the cache more and uses larger
+    row blocks. Before the warm-up planned for it (llama/lavapipe.py) this grew flash attention's
+    split-k scratch and lavapipe died with SIGSEGV (rc 139). ggml's memory log shows one scratch
+    request per context, the plan's (tests/test_lavapipe.py), and the tokens are the verifier's."""
+    ver, dft = tiny_pair
+    prompt = tmp_path / "long.txt"
+    prompt.write_text(" ".join(str(i) for i in range(300)))
+    args = (ver, dft, "-f", prompt, "-n", "48", "-c", "2048", *ALL)
+    alone = generate(build, *args, "--method", "none")
+    r = cli(build, "run", *args, "--method", "sps", "-k", "4", "-t", "2", "--temp", "0", "--json",
+            env={"GGML_VK_MEMORY_LOGGER": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    spec = json.loads(r.stdout)
+    assert spec["n_prompt_tokens"] > 1000 and spec["tokens"] == alone["tokens"]
+    requests = [int(line.rsplit(" ", 1)[1].rstrip(")")) for line in r.stderr.splitlines()
+                if "ggml_vk_preallocate_buffers(split_k_size:" in line]
+    # each context's empty buffer (no device memory), then the plan's one request: verifier, draft
+    assert requests == [0, 18432, 0, 18432]  # WarmupPlan(769, 8, 18432)
+
 
 
 @pytest.mark.parametrize("ngl, ngld, where", [

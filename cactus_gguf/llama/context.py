@@ -8,20 +8,11 @@ sequence 0), so a caller can reuse the longest common prefix with what it wants 
 Every ``llama_decode`` / ``llama_memory_seq_rm`` result is checked; a failed decode rolls the cache
 back to its state before the call.
 
-Mesa's lavapipe (the software Vulkan device the GPU tests run on; Debian 12's Mesa 22.3) reads every
-binding of a descriptor set it binds, also those the shader does not use. ggml-vulkan writes only
-the bindings a shader uses, and keeps per-context scratch buffers that it grows in the middle of a
-decode when a shape needs more (``ggml_vk_preallocate_buffers`` frees the old buffer); flash
-attention's split-k scratch sits at binding 5 of its dispatch. After it grows, a descriptor set that
-still names the freed buffer in a binding the next shader does not use crashes lavapipe's queue
-thread (a SIGSEGV while ``llama_get_logits`` waits for the device): e.g. one-token decodes (method
-none) and then a multi-row verification, or a prompt decoded without logits and then a batch with
-logits. A scratch buffer that grows from nothing frees nothing, so on lavapipe a context's first
-decodes are small batches, every row an output, largest first (:data:`LAVAPIPE_WARMUP_ROWS`, then
-the cache is cleared): the split-k scratch reaches at once the size of the largest batch a
-speculative step asks for (the short-context size; ggml-vulkan may still grow it past a few
-thousand cached tokens). Flash attention stays on: without it lavapipe's one-row and multi-row
-kernels round differently, and greedy speculation would not give the verifier's tokens.
+On Mesa's lavapipe (the software Vulkan device the GPU tests run on) a context's first decodes
+are a warm-up that makes ggml-vulkan's flash-attention scratch as large as it will ever need, so it
+never grows later: lavapipe crashes when it does (lavapipe.py). Flash attention stays on: without it
+lavapipe's one-row and multi-row kernels round differently, and greedy speculation would not give
+the verifier's tokens.
 """
 from __future__ import annotations
 
@@ -40,14 +31,10 @@ from ..options import check_fields, opt
 from . import devices, log
 from .hw import default_threads, physical_memory
 from .model import ModelLoadError, Model, ModelOptions
+from .lavapipe import AttentionShape, WarmupPlan, warmup_plan
 from .placement import kv_shares, on_lavapipe
 
-__all__ = ["ContextOptions", "Context", "DecodeError", "DecodeCancelled", "KvCacheTooLargeError",
-           "LAVAPIPE_WARMUP_ROWS"]
-
-#: rows of the warm-up decodes on lavapipe, in order (module docstring): the split-k scratch of
-#: flash attention is largest for 2, 4 or 8 rows (then 1 row; none past 16 with these kernels)
-LAVAPIPE_WARMUP_ROWS = (8, 4, 2, 1)
+__all__ = ["ContextOptions", "Context", "DecodeError", "DecodeCancelled", "KvCacheTooLargeError"]
 
 
 class DecodeError(EngineError):
@@ -141,24 +128,30 @@ class Context:
         self.tokens: list[int] = []
         self._should_stop = None  # interruptible(): asked between the n_batch chunks of a decode
         self._make_batch()
-        #: the rows of the warm-up decodes this context made (module docstring; () off lavapipe)
-        self.warmup_rows: tuple[int, ...] = ()
+        #: the warm-up this context made (module docstring; None off lavapipe)
+        self.warmup: WarmupPlan | None = None
         if options.flash_attn != "off" and on_lavapipe(model.placement):
             self._warm_up()
 
     def _warm_up(self) -> None:
-        """On lavapipe: decode ``LAVAPIPE_WARMUP_ROWS`` batches, every row an output, then clear the
-        cache (module docstring). A failed decode is left to the first real one to report."""
-        rows = tuple(r for r in LAVAPIPE_WARMUP_ROWS if r <= min(self.n_batch, self.n_ctx))
+        """On lavapipe: decode the prompt and then the batch of :func:`lavapipe.warmup_plan`, the
+        prompt in ``n_batch`` chunks, longest first, then clear the cache. A failed decode is left
+        to the first real one to report."""
+        plan = warmup_plan(self.model.attention_shape, self.n_ctx, self.n_batch)
         token = max(0, self.model.bos)
         try:
-            for r in rows:
-                self.decode([token] * r, n_logits=r)
-                self.clear()
+            done = 0
+            while done < plan.prompt:
+                m = min(self.n_batch, plan.prompt - done)
+                self.decode([token] * m, n_logits=0)
+                done += m
+            if plan.rows:
+                self.decode([token] * plan.rows, n_logits=plan.rows)
         except DecodeError:
-            self.clear()
             return
-        self.warmup_rows = rows
+        finally:
+            self.clear()
+        self.warmup = plan
 
     def _create(self, options: ContextOptions) -> None:
         """Create the llama.cpp context (``self._ctx``, its ``ptr`` and ``memory``), allocating

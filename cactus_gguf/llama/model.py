@@ -20,6 +20,7 @@ from ..errors import EngineError, InputError
 from ..options import check_value, default
 from . import devices, log
 from .hw import build_has_amx, cpu_has_amx
+from .lavapipe import AttentionShape
 from .placement import LayerPlacement, parse_layer_lines
 
 __all__ = ["ModelOptions", "ModelLoadError", "Model", "check_gguf_path"]
@@ -165,12 +166,23 @@ class Model:
         llama_cpp.llama_model_desc(self.ptr, buf, len(buf))
         return buf.value.decode("utf-8", errors="replace")
 
+    @property
+    def attention_shape(self) -> AttentionShape:
+        """Query / KV heads and the K / V head sizes: the GGUF's ``key_length`` /
+        ``value_length`` when it has them, else n_embd / n_head (llama.cpp's default)."""
+        n_head = max(1, llama_cpp.llama_model_n_head(self.ptr))
+        default = llama_cpp.llama_model_n_embd(self.ptr) // n_head
+        arch = self.metadata("general.architecture") or ""
+        k, v = (self.metadata(f"{arch}.attention.{key}_length") for key in ("key", "value"))
+        return AttentionShape(n_head, llama_cpp.llama_model_n_head_kv(self.ptr),
+                              int(k) if k else default, int(v) if v else default)
+
     def kv_cache_bytes(self, n_ctx: int) -> int:
         """Estimated size of an f16 KV cache of ``n_ctx`` tokens, bytes:
-        n_ctx x layers x (K + V) x head size x KV heads x 2 bytes."""
-        head = llama_cpp.llama_model_n_embd(self.ptr) // max(1, llama_cpp.llama_model_n_head(self.ptr))
-        return (n_ctx * llama_cpp.llama_model_n_layer(self.ptr) * 2 * head
-                * llama_cpp.llama_model_n_head_kv(self.ptr) * 2)
+        n_ctx x layers x KV heads x (K + V head sizes) x 2 bytes."""
+        a = self.attention_shape
+        return (n_ctx * llama_cpp.llama_model_n_layer(self.ptr) * a.n_head_kv
+                * (a.head_k + a.head_v) * 2)
 
     @property
     def bos(self) -> int:

@@ -1,0 +1,141 @@
+"""The warm-up that keeps Mesa's lavapipe (the software Vulkan device the GPU tests run on) alive.
+
+lavapipe (Debian 12's Mesa 22.3) reads every binding of a descriptor set it binds, also those the
+shader does not use. ggml-vulkan writes only the bindings a shader uses, and keeps per-context
+scratch buffers that it grows in the middle of a decode when a shape needs more
+(``ggml_vk_preallocate_buffers`` destroys the old buffer). Flash attention's split-k scratch sits
+at binding 5 of its dispatch; after it grows, a descriptor set that still names the destroyed
+buffer in a binding the next shader does not use crashes lavapipe's queue thread (a SIGSEGV while
+``llama_get_logits`` waits for the device): e.g. one-token decodes and then a multi-row
+verification, or a long prompt and then a one-row decode. A scratch buffer that grows from
+nothing destroys nothing (ggml makes no device buffer for size 0), so on lavapipe a context's
+first request for split-k scratch must already be the largest it will ever make.
+
+How large that is follows from ggml-vulkan's choice of the split count (``ggml_vk_flash_attn`` and
+``get_fa_tuning_params_scalar`` in the vendored ``ggml-vulkan.cpp`` of llama-cpp-python 0.3.36,
+the version this project pins; lavapipe reports no shader-core count, so ggml assumes 16):
+:func:`split_k_scratch` reproduces it for one attention call, :func:`warmup_plan` finds the
+largest request over every batch size and cache length the context allows, and the cheapest
+decode that makes it first. The KV cache length an attention call sees is a multiple of 256
+cells (llama.cpp pads it), so the plan looks at those lengths only. The split count grows with the
+cache length until it reaches its cap, and ggml uses larger row blocks from 1024 cells on, so
+for some models and batch sizes the largest request needs a few hundred cached tokens: the plan
+pays that prompt once, at load. ``GGML_VK_MEMORY_LOGGER=1`` makes ggml print every scratch
+request (``split_k_size``); tests/test_vulkan.py checks with it that the plan's request is the
+only one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["AttentionShape", "WarmupPlan", "split_k_scratch", "warmup_plan", "KV_PAD"]
+
+#: llama.cpp pads the KV length an attention call sees to a multiple of this (cells)
+KV_PAD = 256
+#: ggml-vulkan's stand-in for the shader-core count of a device that reports none (lavapipe)
+_CORES = 16
+#: below this cache length (cells) ggml-vulkan's scalar flash attention uses smaller row blocks
+_LARGE_BLOCKS_FROM = 1024
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """One model's attention: query and KV heads, key and value head sizes (elements)."""
+
+    n_head: int
+    n_head_kv: int
+    head_k: int
+    head_v: int
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _blocks(rows: int, n_kv: int, shape: AttentionShape) -> tuple[int, int]:
+    """(block rows Br, block columns Bc) of ggml-vulkan's scalar flash-attention kernel for a
+    call over ``rows`` query rows and ``n_kv`` cached cells (a device that is neither AMD,
+    Intel nor NVIDIA, and has the shared memory of the larger blocks)."""
+    d = shape.head_k | shape.head_v
+    if rows == 1:
+        return 1, 64
+    reduce = bool(d & 8) or n_kv < _LARGE_BLOCKS_FROM
+    if rows < 4 or shape.head_k <= 64:  # row split 1
+        br = 2 if rows == 2 else (4 if rows <= 4 or reduce else 8)
+    else:                                # row split 4
+        br = 4 if rows <= 4 else (8 if rows <= 8 or reduce else 16)
+    return br, (64 if d & 8 else 32)
+
+
+def split_k_scratch(rows: int, n_kv: int, shape: AttentionShape) -> int:
+    """Bytes of split-k scratch ggml-vulkan asks for in one flash-attention call over ``rows``
+    query rows (the batch) and ``n_kv`` cached cells; 0 when it does not split the cache."""
+    group = shape.n_head // max(1, shape.n_head_kv)
+    max_group = min(_blocks(512, n_kv, shape)[0], 32)
+    grouped = rows <= 8 and 1 < group <= max_group and group * shape.n_head_kv == shape.n_head
+    if grouped:  # the query heads of one KV head become the rows
+        br, bc = _blocks(group, n_kv, shape)
+        wgs = rows * (shape.n_head // group)
+        split = _CORES * 2 // wgs if rows <= br else 1
+    else:
+        br, bc = _blocks(rows, n_kv, shape)
+        wgs = _ceil_div(rows, br) * shape.n_head
+        split = _CORES * 2 // wgs if wgs < _CORES * 2 else 1
+    if split <= 1:
+        return 0
+    per_split = _ceil_div(max(1, n_kv // split), bc) * bc
+    split = _ceil_div(n_kv, per_split)
+    if split <= 1:
+        return 0
+    return (shape.head_v * shape.n_head * 4 + shape.n_head * 8) * split * rows
+
+
+@dataclass(frozen=True)
+class WarmupPlan:
+    """Decode ``prompt`` tokens (no split-k request), then one batch of ``rows`` rows, every row
+    an output, then clear the cache: the batch asks for ``scratch`` bytes, the most any decode of
+    the context can ask for. ``scratch`` 0: nothing to warm up."""
+
+    prompt: int
+    rows: int
+    scratch: int
+
+
+def _n_kv(cells: int, n_ctx: int) -> int:
+    return min(n_ctx, max(KV_PAD, _ceil_div(cells, KV_PAD) * KV_PAD))
+
+
+def warmup_plan(shape: AttentionShape, n_ctx: int, n_batch: int) -> WarmupPlan:
+    """The cheapest warm-up (fewest tokens decoded) whose one split-k request is the largest any
+    batch of at most ``n_batch`` rows can make in a context of ``n_ctx`` cells."""
+    lengths = sorted({_n_kv(c, n_ctx) for c in range(1, n_ctx + 1, KV_PAD)} | {_n_kv(n_ctx, n_ctx)})
+    most_rows = min(n_batch, n_ctx)
+    # beyond 2 * 16 workgroups' worth of rows ggml never splits: the sizes stop growing long before
+    row_range = range(1, min(most_rows, 64 * _CORES) + 1)
+    need = max((split_k_scratch(r, kv, shape) for kv in lengths for r in row_range if r <= kv),
+               default=0)
+    if need == 0:
+        return WarmupPlan(0, 0, 0)
+    best: WarmupPlan | None = None
+    for kv in lengths:
+        prompt = 0 if kv == _n_kv(1, n_ctx) else kv - KV_PAD + 1  # fewest cells giving this length
+        for r in row_range:
+            cells = prompt + r
+            if cells > n_ctx or _n_kv(cells, n_ctx) != kv or split_k_scratch(r, kv, shape) != need:
+                continue
+            if _prompt_asks_nothing(prompt, n_batch, n_ctx, shape) and (
+                    best is None or cells < best.prompt + best.rows):
+                best = WarmupPlan(prompt, r, need)
+            break  # more rows at this length cost more
+    return best or WarmupPlan(0, 0, 0)  # every prompt there asks first: no warm-up helps
+
+
+def _prompt_asks_nothing(prompt: int, n_batch: int, n_ctx: int, shape: AttentionShape) -> bool:
+    """Whether decoding ``prompt`` tokens in ``n_batch`` chunks makes no split-k request."""
+    done = 0
+    while done < prompt:
+        rows = min(n_batch, prompt - done)
+        done += rows
+        if split_k_scratch(rows, _n_kv(done, n_ctx), shape):
+            return False
+    return True
