@@ -105,10 +105,12 @@ def measure(args) -> int:
     report = {"backend": args.backend, "cmake_flags": BACKEND_FLAGS[args.backend],
               "build_seconds": float(os.environ.get("CACTUS_GPU_BUILD_SECONDS", "nan")),
               "verifier": ver, "draft": dft, "n_predict": args.n_predict, "prompts": len(texts),
-              "threads": args.threads, "machine": machine_facts(), "build": build_facts(),
+              "n_ctx": args.ctx_size, "threads": args.threads, "machine": machine_facts(),
+              "build": build_facts(),
               "devices": listed.stdout.splitlines()}
     print("\n".join(report["devices"]), flush=True)
-    load = LoadOptions(n_ctx=2048, n_threads=args.threads, n_gpu_layers=99, n_gpu_layers_draft=99)
+    load = LoadOptions(n_ctx=args.ctx_size, n_threads=args.threads, n_gpu_layers=99,
+                       n_gpu_layers_draft=99)
     with Engine(ver, dft, load) as engine:
         report["placement"] = {"verifier": engine.verifier.model.placement.summary(),
                                "draft": engine.draft.model.placement.summary()}
@@ -128,7 +130,8 @@ def measure(args) -> int:
                 for name in ("temperature", "top_k", "top_p", "min_p") if name in settings]
     sampling = [s.replace("--temperature", "--temp") for s in sampling]
     r = cli("bench", "-m", ver, "-md", dft, "--limit", str(args.prompts), "-n",
-            str(args.n_predict), "-k", "4", "--configs", "none,sps,cactus-ends@1", *sampling,
+            str(args.n_predict), "-c", str(args.ctx_size), "-k", "4",
+            "--configs", "none,sps,cactus-ends@1", *sampling,
             *ALL_LAYERS, "-t", str(args.threads), "--forward-repeats", "1", "--no-progress",
             "--no-plot", "--output", str(bench_dir))
     if r.returncode != 0:
@@ -164,7 +167,7 @@ def write_report(out: Path, report: dict) -> None:
           f"Loaded: verifier {report['placement']['verifier']}; draft "
           f"{report['placement']['draft']}.", "",
           f"## Greedy: speculation equals the verifier alone ({report['prompts']} prompts, "
-          f"-n {report['n_predict']}, k = 4)", "",
+          f"-n {report['n_predict']}, -c {report.get('n_ctx', 2048)}, k = 4)", "",
           "| prompt | method | tokens | same tokens as none | verifier calls | drafted | accepted |",
           "|---|---|---|---|---|---|---|"]
     md += [f"| {g['prompt']} | {g['method']} | {g['n_tokens']} | "
@@ -195,6 +198,8 @@ def main() -> None:
     ap.add_argument("-o", "--output", required=True, help="directory for gpu-check.json / .md")
     ap.add_argument("--prompts", type=int, default=4, help="HumanEval prompts (greedy and bench)")
     ap.add_argument("-n", "--n-predict", type=int, default=64)
+    ap.add_argument("-c", "--ctx-size", type=int, default=2048,
+                    help="n_ctx of both models (lavapipe: up to 768 needs no long warm-up)")
     ap.add_argument("--repeats", type=int, default=5, help="timed decodes per probed batch size")
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
     args = ap.parse_args()

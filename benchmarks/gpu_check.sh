@@ -12,8 +12,9 @@
 #
 # Environment: BACKEND (cuda: -DGGML_CUDA=ON, the default; vulkan: -DGGML_VULKAN=ON, for AMD /
 # Intel GPUs or Mesa's lavapipe), VERIFIER and DRAFT (GGUF paths; default: the default pair from
-# ~/.cache/cactus-gguf), PROMPTS (4), N_PREDICT (64), THREADS (CPU threads, -t; default: all
-# cores), PYTHON (python3).
+# ~/.cache/cactus-gguf), PROMPTS (4), N_PREDICT (64), CTX (n_ctx, -c; 2048), REPEATS (timed
+# decodes per probed batch size; 5), THREADS (CPU threads, -t; default: all cores), PYTHON
+# (python3).
 # Steps (benchmarks/gpu_check.py): build llama.cpp with the backend (cached), --list-devices,
 # greedy SpS / Cactus equal to the verifier alone with -ngl 99 -ngld 99, the cost probe (verifier
 # 1 ... 17 tokens, draft 1 token), a small bench (none, sps, the default rule). Exit code 1 when a
@@ -35,7 +36,8 @@ if [ -n "$wheels" ]; then
     "$python" -m pip install -q --no-index --find-links "$wheels" "cactus-gguf[bench]"
 fi
 
-args=(--backend "${BACKEND:-cuda}" -o "$out" --prompts "${PROMPTS:-4}" -n "${N_PREDICT:-64}")
+args=(--backend "${BACKEND:-cuda}" -o "$out" --prompts "${PROMPTS:-4}" -n "${N_PREDICT:-64}"
+      -c "${CTX:-2048}" --repeats "${REPEATS:-5}")
 [ -n "$sdist" ] && args+=(--sdist "$sdist")
 [ -n "${THREADS:-}" ] && args+=(-t "$THREADS")
 [ -n "${VERIFIER:-}" ] && args+=(-m "$VERIFIER")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from cactus_gguf.llama.lavapipe import (KV_PAD, AttentionShape, WarmupPlan, split_k_scratch,
-                                        warmup_plan)
+from cactus_gguf.llama.lavapipe import (KV_PAD, AttentionShape, WarmupPlan, prompt_chunks,
+                                        split_k_scratch, warmup_plan)
 
 TINY = AttentionShape(4, 4, 16, 16)          # tests/support/tiny_gguf.py: no grouped-query heads
 QWEN_0_5B = AttentionShape(14, 2, 64, 64)    # qwen2.5-coder-0.5b-instruct
@@ -41,33 +41,46 @@ def test_split_k_scratch_is_what_ggml_vulkan_asked_for_on_lavapipe(shape, prompt
     assert split_k_scratch(rows, n_kv(prompt + rows), shape) == expected
 
 
-@pytest.mark.parametrize("shape,n_ctx,plan", [
-    (TINY, 512, WarmupPlan(0, 4, 9216)),          # the tests' tiny contexts: no prompt
-    (TINY, 4096, WarmupPlan(769, 8, 18432)),      # larger row blocks from 1024 cells on
-    (QWEN_1_5B, 768, WarmupPlan(0, 2, 99840)),
-    (QWEN_1_5B, 4096, WarmupPlan(769, 16, 199680)),
-    (QWEN_0_5B, 4096, WarmupPlan(769, 1, 59136)),  # grouped heads only with the larger blocks
+@pytest.mark.parametrize("shape,n_ctx,n_batch,plan", [
+    (TINY, 512, 64, WarmupPlan((), 4, 9216)),              # the tests' tiny contexts: no prompt
+    (TINY, 4096, 512, WarmupPlan((381, 380), 8, 18432)),   # larger row blocks from 1024 cells on
+    # tests/support/harness.py's batches: 12 chunks of 63-64 rows, none of which splits
+    (TINY, 4096, 64, WarmupPlan((64,) * 5 + (63,) * 7, 8, 18432)),
+    (QWEN_1_5B, 768, 512, WarmupPlan((), 2, 99840)),
+    (QWEN_1_5B, 4096, 512, WarmupPlan((377, 376), 16, 199680)),
+    (QWEN_0_5B, 4096, 512, WarmupPlan((384, 384), 1, 59136)),  # grouped heads: larger blocks
+    # 8-row batches: every prompt chunk of the tiny model splits, so no warm-up reaches 1024
+    # cells; the plan asks for the most an empty cache can (4 rows)
+    (TINY, 4096, 8, WarmupPlan((), 4, 9216, complete=False)),
 ])
-def test_warmup_plan(shape, n_ctx, plan):
-    assert warmup_plan(shape, n_ctx, 512) == plan
+def test_warmup_plan(shape, n_ctx, n_batch, plan):
+    assert warmup_plan(shape, n_ctx, n_batch) == plan
+
+
+def test_prompt_chunks_are_even_and_longest_first():
+    assert prompt_chunks(0, 64) == ()
+    assert prompt_chunks(64, 64) == (64,)
+    assert prompt_chunks(65, 64) == (33, 32)
+    assert prompt_chunks(761, 64) == (64,) * 5 + (63,) * 7
+    assert prompt_chunks(761, 512) == (381, 380)
 
 
 @pytest.mark.parametrize("shape", [TINY, QWEN_0_5B, QWEN_1_5B, AttentionShape(32, 8, 128, 128),
                                    AttentionShape(8, 1, 256, 256), AttentionShape(2, 2, 40, 40)])
-@pytest.mark.parametrize("n_ctx,n_batch", [(256, 512), (1000, 64), (2048, 512), (5000, 2048)])
+@pytest.mark.parametrize("n_ctx,n_batch", [(256, 512), (512, 64), (1000, 64), (2048, 512),
+                                           (4096, 64), (5000, 2048)])
 def test_the_plan_asks_first_for_the_most_any_decode_asks(shape, n_ctx, n_batch):
     plan = warmup_plan(shape, n_ctx, n_batch)
     lengths = {min(n_ctx, n_kv(c)) for c in range(1, n_ctx + 1)}
     most = max(split_k_scratch(r, kv, shape)
                for kv in lengths for r in range(1, min(n_batch, kv) + 1))
-    assert plan.scratch == most
+    assert plan.complete and plan.scratch == most
     assert plan.prompt + plan.rows <= n_ctx and plan.rows <= n_batch
     if most:
         assert split_k_scratch(plan.rows, min(n_ctx, n_kv(plan.prompt + plan.rows)), shape) == most
-        done = 0  # the prompt, in n_batch chunks, asks for nothing
-        while done < plan.prompt:
-            m = min(n_batch, plan.prompt - done)
+        done = 0  # the prompt's chunks ask for nothing
+        for m in plan.chunks:
             done += m
-            assert split_k_scratch(m, min(n_ctx, n_kv(done)), shape) == 0
+            assert 0 < m <= n_batch and split_k_scratch(m, min(n_ctx, n_kv(done)), shape) == 0
     else:
-        assert plan == WarmupPlan(0, 0, 0)
+        assert plan == WarmupPlan((), 0, 0)

@@ -173,7 +173,7 @@ def test_a_long_prompt_never_grows_the_scratch_after_the_warm_up(build, tiny_pai
     requests = [int(line.rsplit(" ", 1)[1].rstrip(")")) for line in r.stderr.splitlines()
                 if "ggml_vk_preallocate_buffers(split_k_size:" in line]
     # each context's empty buffer (no device memory), then the plan's one request: verifier, draft
-    assert requests == [0, 18432, 0, 18432]  # WarmupPlan(769, 8, 18432)
+    assert requests == [0, 18432, 0, 18432]  # a 761-token prompt, then 8 rows
 
 
 
@@ -245,7 +245,9 @@ def job_rollbacks(ver: str, dft: str, n_predict: int) -> dict:
             committed = dec.tokenize("the cat sat on") + res.tokens
             held_ver, held_dft = shadow.held(dec.verifier), shadow.held(dec.draft)
             where = dec.verifier.model.placement.summary(), dec.draft.model.placement.summary()
-    return {"n_tokens": res.stats.n_tokens, "n_drafted": res.stats.n_drafted,
+            warmup = [[c.warmup.prompt, c.warmup.rows, c.warmup.complete]
+                      for c in (dec.verifier, dec.draft)]
+    return {"n_tokens": res.stats.n_tokens, "n_drafted": res.stats.n_drafted, "warmup": warmup,
             "n_accepted": res.stats.n_accepted, "ver_ok": held_ver == committed[:-1],
             "dft_ok": held_dft == committed[:len(held_dft)]
             and len(held_dft) >= len(committed) - 2, "where": where}
@@ -260,6 +262,9 @@ def test_thousands_of_tokens_of_rollbacks_keep_exactly_the_committed_prefix(buil
                       noise_seed=22)
     out = on_device(build, "job_rollbacks", ver=str(ver), dft=str(dft), n_predict=2400)
     assert out["where"] == ["3/3 layers on Vulkan0"] * 2
+    # 4096 cells in 64-row batches (tests/test_lavapipe.py); without a complete warm-up the split-k
+    # scratch grew past 1024 cached cells and lavapipe died with SIGSEGV
+    assert out["warmup"] == [[761, 8, True]] * 2
     assert out["n_tokens"] == 2400
     rejected_steps = out["n_drafted"] - out["n_accepted"]
     assert rejected_steps > 300, out  # hundreds of steps rolled the device caches back

@@ -134,17 +134,14 @@ class Context:
             self._warm_up()
 
     def _warm_up(self) -> None:
-        """On lavapipe: decode the prompt and then the batch of :func:`lavapipe.warmup_plan`, the
-        prompt in ``n_batch`` chunks, longest first, then clear the cache. A failed decode is left
-        to the first real one to report."""
+        """On lavapipe: decode the prompt chunks and then the batch of
+        :func:`lavapipe.warmup_plan`, then clear the cache. A failed decode is left to the first
+        real one to report."""
         plan = warmup_plan(self.model.attention_shape, self.n_ctx, self.n_batch)
         token = max(0, self.model.bos)
         try:
-            done = 0
-            while done < plan.prompt:
-                m = min(self.n_batch, plan.prompt - done)
-                self.decode([token] * m, n_logits=0)
-                done += m
+            for rows in plan.chunks:
+                self.decode([token] * rows, n_logits=0)
             if plan.rows:
                 self.decode([token] * plan.rows, n_logits=plan.rows)
         except DecodeError:

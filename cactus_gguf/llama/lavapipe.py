@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AttentionShape", "WarmupPlan", "split_k_scratch", "warmup_plan", "KV_PAD"]
+__all__ = ["AttentionShape", "WarmupPlan", "split_k_scratch", "warmup_plan", "prompt_chunks",
+           "KV_PAD"]
 
 #: llama.cpp pads the KV length an attention call sees to a multiple of this (cells)
 KV_PAD = 256
@@ -92,22 +93,56 @@ def split_k_scratch(rows: int, n_kv: int, shape: AttentionShape) -> int:
 
 @dataclass(frozen=True)
 class WarmupPlan:
-    """Decode ``prompt`` tokens (no split-k request), then one batch of ``rows`` rows, every row
-    an output, then clear the cache: the batch asks for ``scratch`` bytes, the most any decode of
-    the context can ask for. ``scratch`` 0: nothing to warm up."""
+    """Decode a prompt in ``chunks`` (batch sizes, none of which asks for split-k scratch), then
+    one batch of ``rows`` rows, every row an output, then clear the cache: the batch asks for
+    ``scratch`` bytes, the most any decode of the context can ask for (``complete``) or, when no
+    such warm-up exists, the most a batch on an empty cache can ask for. ``scratch`` 0: nothing
+    to warm up."""
 
-    prompt: int
+    chunks: tuple[int, ...]
     rows: int
     scratch: int
+    complete: bool = True
+
+    @property
+    def prompt(self) -> int:
+        """Tokens decoded before the batch."""
+        return sum(self.chunks)
 
 
 def _n_kv(cells: int, n_ctx: int) -> int:
     return min(n_ctx, max(KV_PAD, _ceil_div(cells, KV_PAD) * KV_PAD))
 
 
+def prompt_chunks(prompt: int, n_batch: int) -> tuple[int, ...]:
+    """``prompt`` tokens in the fewest batches of at most ``n_batch`` rows, as even as possible
+    (sizes differ by at most one), longest first: the smallest batch is as large as it can be."""
+    if prompt <= 0:
+        return ()
+    n = _ceil_div(prompt, n_batch)
+    small, extra = divmod(prompt, n)
+    return (small + 1,) * extra + (small,) * (n - extra)
+
+
+def _asks_nothing(chunks: tuple[int, ...], n_ctx: int, shape: AttentionShape) -> bool:
+    """Whether decoding ``chunks`` one after the other makes no split-k request."""
+    done = 0
+    for rows in chunks:
+        done += rows
+        if split_k_scratch(rows, _n_kv(done, n_ctx), shape):
+            return False
+    return True
+
+
 def warmup_plan(shape: AttentionShape, n_ctx: int, n_batch: int) -> WarmupPlan:
-    """The cheapest warm-up (fewest tokens decoded) whose one split-k request is the largest any
-    batch of at most ``n_batch`` rows can make in a context of ``n_ctx`` cells."""
+    """The cheapest warm-up (fewest tokens decoded, then fewest rows) whose one split-k request is
+    the largest any batch of at most ``n_batch`` rows can make in a context of ``n_ctx`` cells.
+
+    A batch of ``r`` rows sees the cache length of the cells it fills, so the prompt before it
+    may be any length that puts the batch's last cell at the wanted length; its chunks must ask
+    for nothing, which a batch of a few rows always does: with a small ``n_batch`` no warm-up may
+    exist, and the plan is then the largest request on an empty cache (``complete`` False)."""
+    n_ctx = max(1, n_ctx)
     lengths = sorted({_n_kv(c, n_ctx) for c in range(1, n_ctx + 1, KV_PAD)} | {_n_kv(n_ctx, n_ctx)})
     most_rows = min(n_batch, n_ctx)
     # beyond 2 * 16 workgroups' worth of rows ggml never splits: the sizes stop growing long before
@@ -115,27 +150,25 @@ def warmup_plan(shape: AttentionShape, n_ctx: int, n_batch: int) -> WarmupPlan:
     need = max((split_k_scratch(r, kv, shape) for kv in lengths for r in row_range if r <= kv),
                default=0)
     if need == 0:
-        return WarmupPlan(0, 0, 0)
+        return WarmupPlan((), 0, 0)
     best: WarmupPlan | None = None
-    for kv in lengths:
-        prompt = 0 if kv == _n_kv(1, n_ctx) else kv - KV_PAD + 1  # fewest cells giving this length
+    for i, kv in enumerate(lengths):
+        first_cell = lengths[i - 1] + 1 if i else 1  # the fewest cells giving this length
+        if best is not None and first_cell > best.prompt + best.rows:
+            break  # longer caches only cost more
         for r in row_range:
-            cells = prompt + r
-            if cells > n_ctx or _n_kv(cells, n_ctx) != kv or split_k_scratch(r, kv, shape) != need:
+            if r > kv or split_k_scratch(r, kv, shape) != need:
                 continue
-            if _prompt_asks_nothing(prompt, n_batch, n_ctx, shape) and (
-                    best is None or cells < best.prompt + best.rows):
-                best = WarmupPlan(prompt, r, need)
-            break  # more rows at this length cost more
-    return best or WarmupPlan(0, 0, 0)  # every prompt there asks first: no warm-up helps
-
-
-def _prompt_asks_nothing(prompt: int, n_batch: int, n_ctx: int, shape: AttentionShape) -> bool:
-    """Whether decoding ``prompt`` tokens in ``n_batch`` chunks makes no split-k request."""
-    done = 0
-    while done < prompt:
-        rows = min(n_batch, prompt - done)
-        done += rows
-        if split_k_scratch(rows, _n_kv(done, n_ctx), shape):
-            return False
-    return True
+            for cells in range(max(r, first_cell), kv + 1):
+                if best is not None and cells >= best.prompt + best.rows:
+                    break
+                chunks = prompt_chunks(cells - r, n_batch)
+                if _asks_nothing(chunks, n_ctx, shape):
+                    best = WarmupPlan(chunks, r, need)
+                    break
+    if best is not None:
+        return best
+    on_empty = _n_kv(1, n_ctx)
+    rows = [r for r in row_range if r <= on_empty]
+    top = max(rows, key=lambda r: (split_k_scratch(r, on_empty, shape), -r))
+    return WarmupPlan((), top, split_k_scratch(top, on_empty, shape), complete=False)
