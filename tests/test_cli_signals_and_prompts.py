@@ -236,8 +236,8 @@ def test_steps_far_slower_than_probed_log_one_warning(files, caplog, monkeypatch
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
         decode = eng.verifier.decode
 
-        def contended(tokens, n_logits=1):  # what a busy machine does to a step: it waits
-            out = decode(tokens, n_logits)
+        def contended(tokens, n_logits=1, **kw):  # what a busy machine does to a step: it waits
+            out = decode(tokens, n_logits, **kw)
             if n_logits > 0:
                 time.sleep(0.3)
             return out

@@ -13,7 +13,7 @@ import pytest
 
 from cactus_gguf.llama import Context
 
-from support.harness import ctx, make_engine
+from support.harness import assert_greedy_equal, ctx, make_engine, top_two_gap
 from support.tiny_gguf import write_llama
 
 PROMPTS = ["the cat sat on", "hello world", "def f(a):", "é中😀 a dog"]
@@ -33,25 +33,6 @@ def models(tmp_path_factory):
         "close": write_llama(d / "close.gguf", seed=11, noise=0.1, noise_seed=12),  # mostly agrees
         "far": write_llama(d / "far.gguf", seed=11, noise=0.6, noise_seed=13),      # mostly not
     }
-
-
-def top_two_gap(model_path, ids: list[int], context=None) -> float:
-    """The verifier's gap between its two largest logits after ``ids`` (fresh prefill)."""
-    with Context.load(model_path, context_options=context or ctx(n_batch=512)) as m:
-        row = np.sort(np.array(m.decode(ids, 1)[0], dtype=np.float64))
-    return float(row[-1] - row[-2])
-
-
-def assert_greedy_equal(got: list[int], want: list[int], model_path, prompt_ids: list[int],
-                        max_gap: float, context=None, what: str = "") -> None:
-    """got == want, or they first differ at a near-tie of the verifier (top-two gap <= max_gap)."""
-    if got == want:
-        return
-    i = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    gap = top_two_gap(model_path, prompt_ids + want[:i], context)
-    assert gap <= max_gap, (f"{what}: speculative output left the verifier's greedy path at token "
-                            f"{i} where its top-two logit gap is {gap:.4g} (> {max_gap}): "
-                            f"got {got[i:i + 5]}, want {want[i:i + 5]}")
 
 
 @pytest.fixture(scope="module")

@@ -78,8 +78,8 @@ def test_non_finite_model_logits_are_a_clear_error(models, monkeypatch, who, bad
     target: dict[str, Context] = {}
     calls = []
 
-    def poisoned(self, tokens, n_logits=1):
-        out = decode(self, tokens, n_logits)
+    def poisoned(self, tokens, n_logits=1, **kw):
+        out = decode(self, tokens, n_logits, **kw)
         if self is target.get("model") and n_logits:
             calls.append(1)
             if len(calls) == 3:  # a few steps in

@@ -110,6 +110,25 @@ def test_tiny_pair_greedy_speculation_equals_the_verifier_alone(build, tiny_pair
         assert spec["n_drafted"] > spec["n_accepted"] + 100, method
 
 
+@pytest.mark.parametrize("k", ["4", "20"])
+def test_a_hybrid_pair_greedy_speculation_equals_the_verifier_alone(build, tmp_path, k):
+    """qwen35 (gated delta-net beside attention) on the device, verifier and draft: the
+    recurrent state rolls back through llama.cpp's snapshots (k 4) and through checkpoints (k 20,
+    past the verifier's 16 snapshots; the draft always)."""
+    from support.tiny_gguf import write_qwen35
+
+    ver = write_qwen35(tmp_path / "ver.gguf", seed=11)
+    dft = write_qwen35(tmp_path / "dft.gguf", seed=11, noise=0.1, noise_seed=12)
+    args = (ver, dft, "-p", "the cat sat on", "-n", "48", "-c", "512", *ALL)
+    alone = generate(build, *args, "--method", "none")
+    assert placement(alone).endswith("layers on Vulkan0")
+    for method in ("sps", "cactus"):
+        spec = generate(build, *args, "--method", method, "-k", k)
+        assert spec["tokens"] == alone["tokens"], method
+        assert placement(spec, "draft").endswith("layers on Vulkan0")
+        assert spec["n_drafted"] > spec["n_accepted"] > 0, method
+
+
 def test_real_pair_greedy_speculation_equals_the_verifier_alone(build, qwen_pair):
     """All 29 layers of both models on the device: SpS and Cactus give the verifier's tokens."""
     ver, dft = qwen_pair

@@ -6,7 +6,25 @@ The context remembers the token ids its KV cache holds (``tokens``: positions 0 
 sequence 0), so a caller can reuse the longest common prefix with what it wants the cache to hold
 (:meth:`Context.sync`: llama-server's ``cache_prompt``) instead of decoding everything again.
 Every ``llama_decode`` / ``llama_memory_seq_rm`` result is checked; a failed decode rolls the cache
-back to its state before the call.
+back to (a prefix of) its state before the call.
+
+Rollback (:meth:`Context.truncate`, :meth:`Context.forget`) is exact for every model. A KV-only model
+cuts its cache (``llama_memory_seq_rm``). A model with a recurrent state (pure or hybrid: Mamba-2,
+gated delta-net, short convolutions beside attention) cannot cut that state at an arbitrary
+position; the context keeps it exact with the two means llama.cpp offers (docs/rollback.md has the
+measurements):
+
+- **the snapshot window**: with ``n_rs_seq`` = R, a decode keeps the recurrent state after each
+  of the last R tokens of its batch, and ``llama_memory_seq_rm`` dropping d of them
+  (1 <= d <= min(R, m - 1) for a batch of m tokens) restores the right one, once before the next
+  decode. Outside that window llama.cpp may return true and leave a wrong state, so the context
+  never asks it there;
+- **checkpoints**: the recurrent state saved at a position (``llama_state_seq_get_data_ext`` with
+  ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``) and restored with the attention cache cut to it (as
+  llama-server's context checkpoints). A caller declares how far back it may roll a decode
+  (``decode(..., may_drop=)``) and the context saves one first when the window will not cover it;
+  a prompt (``sync``) ends with one, for the next request's prefix reuse. Past every checkpoint the
+  tokens are decoded again from the start.
 
 On Mesa's lavapipe (the software Vulkan device the GPU tests run on) a context's first decodes
 are a warm-up that makes ggml-vulkan's flash-attention scratch as large as it will ever need, so it
@@ -17,6 +35,8 @@ the verifier's tokens.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import logging
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -27,14 +47,25 @@ import llama_cpp
 from llama_cpp import _internals
 
 from ..errors import CapacityError, EngineError, InputError
-from ..options import check_fields, opt
+from ..options import check_fields, default, opt
 from . import devices, log
 from .hw import default_threads, physical_memory
 from .model import ModelLoadError, Model, ModelOptions
 from .lavapipe import AttentionShape, WarmupPlan, warmup_plan
 from .placement import kv_shares, on_lavapipe
 
-__all__ = ["ContextOptions", "Context", "DecodeError", "DecodeCancelled", "KvCacheTooLargeError"]
+__all__ = ["ContextOptions", "Context", "DecodeError", "DecodeCancelled", "KvCacheTooLargeError",
+           "RS_SNAPSHOTS"]
+
+log_ = logging.getLogger(__name__)
+
+#: recurrent-state snapshots per decode a verifier keeps by default (llama.cpp ``n_rs_seq``): the
+#: longest draft ``-k auto`` may choose by default (``--k-max``), so that its rollbacks stay in the
+#: snapshot window; longer drafts roll back through a checkpoint (exact, one state copy per step)
+RS_SNAPSHOTS: int = default("k_max")
+#: checkpoints a context keeps: the oldest (usually the prompt's end) and the newest others
+MAX_CHECKPOINTS = 4
+_PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 
 
 class DecodeError(EngineError):
@@ -60,13 +91,19 @@ class ContextOptions:
     n_batch: most tokens submitted to one ``llama_decode`` (prompt processing is chunked by it).
     n_threads: CPU threads for generation and batch processing (``-t``); None = all usable cores.
     flash_attn: "auto", "on" or "off" (llama.cpp ``-fa``).
-    The allowed values are those of the options of the same names (options.py).
+    The allowed values are those of the options of the same names (cactus_gguf/options/).
+    n_rs_seq: for a model with a recurrent state, the snapshots per decode that make a rollback of
+    up to that many tokens of the last batch exact in place (llama.cpp ``n_rs_seq``; capped at
+    n_batch - 2, llama.cpp's limit); each costs one more copy of the recurrent state in memory.
+    0 for a draft model, whose rollbacks span one-token decodes that snapshots never cover (as
+    llama-server's draft contexts). Ignored for KV-only models.
     """
 
     n_ctx: int = opt("n_ctx")
     n_batch: int = opt("n_batch")
     n_threads: int | None = opt("n_threads")
     flash_attn: str = opt("flash_attn")
+    n_rs_seq: int = RS_SNAPSHOTS
 
     __post_init__ = check_fields
 
@@ -127,6 +164,12 @@ class Context:
         self.n_batch: int = llama_cpp.llama_n_batch(self.ptr)
         self.tokens: list[int] = []
         self._should_stop = None  # interruptible(): asked between the n_batch chunks of a decode
+        #: the model keeps a recurrent state (module docstring: rollback by window or checkpoint)
+        self.recurrent: bool = model.recurrent
+        #: snapshots llama.cpp keeps per decode (it sets 0 for an architecture without them)
+        self.n_rs_seq: int = llama_cpp.llama_n_rs_seq(self.ptr) if self.recurrent else 0
+        self._window = 0  # tokens at the end that seq_rm can drop exactly now (recurrent)
+        self._checkpoints: list[_Checkpoint] = []  # ascending n_tokens, each a prefix of tokens
         self._make_batch()
         #: the warm-up this context made (module docstring; None off lavapipe)
         self.warmup: WarmupPlan | None = None
@@ -163,6 +206,8 @@ class Context:
         cparams.n_threads_batch = self.n_threads
         cparams.flash_attn_type = _FLASH_ATTN[options.flash_attn]
         cparams.no_perf = True
+        if model.recurrent:  # llama.cpp aborts unless n_ubatch > n_rs_seq + 1
+            cparams.n_rs_seq = max(0, min(options.n_rs_seq, options.n_batch - 2))
         log.clear_errors()
         try:
             with log.critical():  # allocates the KV cache on the model's devices
@@ -250,16 +295,21 @@ class Context:
         finally:
             self._should_stop = previous
 
-    def decode(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], n_logits: int = 1, *, may_drop: int = 0
+               ) -> np.ndarray:
         """Append ``tokens`` at positions ``n_past ..`` and run the model.
 
         Logits are requested only for the last ``n_logits`` rows (0 = none).
+        ``may_drop``: how many tokens off the end of the cache the caller may roll back after this
+        decode, before the next one (the rejected drafts of a verification, every token drafted so
+        far for a draft model); a model with a recurrent state saves a checkpoint first when the
+        snapshot window will not cover them (module docstring). 0 for tokens that stay.
         Returns: float32 [n_logits, V], a zero-copy view on llama.cpp's output buffer, valid until
         the next decode on this context. Tokens longer than ``n_batch`` are decoded in chunks.
 
-        Raises DecodeError when the context is full or ``llama_decode`` fails; the KV cache is
-        then rolled back to its state before the call. Raises DecodeCancelled when the
-        :meth:`interruptible` check said stop between two chunks.
+        Raises DecodeError when the context is full or ``llama_decode`` fails; the KV cache then
+        holds a prefix of what it held before the call (``tokens`` says which). Raises
+        DecodeCancelled when the :meth:`interruptible` check said stop between two chunks.
         """
         n = len(tokens)
         if n == 0:
@@ -273,6 +323,12 @@ class Context:
         # min(n, n_batch) >= n_logits rows, so every requested row is in the last decode's output
         # (llama_get_logits only holds the last call's rows).
         first_chunk = n - (n - 1) // self.n_batch * self.n_batch  # in [1, n_batch]
+        # A rollback the last chunk's snapshots will not cover needs a checkpoint at or before
+        # the shortest prefix kept, start + n - may_drop: saved here when that is not before
+        # start (a longer rollback relies on the one an earlier decode saved there)
+        window_after = min(self.n_rs_seq, min(n, self.n_batch) - 1)
+        if self.recurrent and window_after < may_drop <= n:
+            self.checkpoint()
         bounds = [0, *range(first_chunk, n + 1, self.n_batch)]
         for c0, c1 in zip(bounds, bounds[1:]):
             if c0 > 0 and self._should_stop is not None and self._should_stop():
@@ -288,10 +344,12 @@ class Context:
                 self._b_logits[first_out:m] = 1
             self._batch.batch.n_tokens = m
             rc = devices.call(self._remote, llama_cpp.llama_decode, self.ptr, self._batch.batch)
+            # what the recurrent state can drop in place now: the snapshots of this batch
+            self._window = min(self.n_rs_seq, m - 1) if rc == 0 else 0
             if rc != 0:
-                # let truncate() drop whatever the failed call may have stored
+                # let forget() drop whatever the failed call may have stored
                 self.tokens.extend(int(t) for t in chunk)
-                self.truncate(start)
+                self.forget(start)
                 what = {1: "no KV-cache slot for the batch (context full)",
                         2: "aborted"}.get(rc, "error")
                 raise DecodeError(f"llama_decode returned {rc}: {what}")
@@ -306,23 +364,111 @@ class Context:
             raise DecodeError("llama_get_logits returned NULL")
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
 
-    def truncate(self, n_keep: int) -> None:
-        """Roll the KV cache back so that it holds exactly positions ``0 .. n_keep-1``.
+    # -- rollback ----------------------------------------------------------------------------------
 
-        Raises DecodeError when llama.cpp cannot remove the tail (``llama_memory_seq_rm`` false).
+    def truncate(self, n_keep: int) -> None:
+        """Roll the cache back so that it holds exactly positions ``0 .. n_keep-1``, decoding
+        again the tokens past the checkpoint it restores when the model's recurrent state cannot
+        be cut there (module docstring).
+
+        Raises DecodeError when llama.cpp cannot remove the tail or a decode fails.
+        """
+        held = self.tokens[:n_keep]
+        if self.forget(n_keep) < n_keep:
+            log_.debug("%s: decoding %d tokens again after a checkpoint at %d",
+                       self.model.path.name, n_keep - self.n_past, self.n_past)
+            self.decode(held[self.n_past:], n_logits=0)
+
+    def forget(self, n_keep: int, upto: int | None = None) -> int:
+        """Roll the cache back to hold positions ``0 .. n_keep-1``, decoding nothing: exactly
+        that for a KV-only model or inside the snapshot window; else, when the caller accepts
+        holding up to ``upto`` tokens (>= n_keep: they are still its own) and the window reaches
+        that far, the fewest the window leaves; else the newest checkpoint at or before
+        ``n_keep`` (else nothing). Returns ``n_past`` after it: for a caller that decodes the rest
+        anyway (a drafter's next catch-up, the next verification batch).
+
+        Raises InputError (``n_keep`` out of range), DecodeError (llama.cpp refused).
         """
         if not 0 <= n_keep <= self.n_past:
             raise InputError(f"n_keep must be in [0, {self.n_past}], got {n_keep}")
         if n_keep == self.n_past:
-            return
+            return n_keep
+        reach = self.n_past - self._window  # the fewest tokens a cut in the window leaves
+        if n_keep == 0:
+            self.clear()
+        elif not self.recurrent or n_keep >= reach:
+            self._cut(n_keep)
+        elif upto is not None and reach <= upto:
+            if reach < self.n_past:
+                self._cut(reach)
+        else:
+            point = next((c for c in reversed(self._checkpoints) if c.n_tokens <= n_keep), None)
+            if point is None:
+                log_.debug("%s: no checkpoint at or before %d of %d tokens: cleared",
+                           self.model.path.name, n_keep, self.n_past)
+                self.clear()
+            else:
+                self._restore(point)
+        return self.n_past
+
+    def _cut(self, n_keep: int) -> None:
+        """``llama_memory_seq_rm`` of positions >= ``n_keep`` (a KV-only cache, or inside the
+        recurrent state's window)."""
         if not llama_cpp.llama_memory_seq_rm(self.memory, 0, n_keep, -1):
             raise DecodeError(f"llama_memory_seq_rm could not remove positions >= {n_keep}")
+        self._window = 0  # llama.cpp's snapshot is single-use
+        self._drop(n_keep)
+
+    def _drop(self, n_keep: int) -> None:
+        """Forget the tokens past ``n_keep`` and the checkpoints that held any of them."""
         del self.tokens[n_keep:]
+        while self._checkpoints and self._checkpoints[-1].n_tokens > n_keep:
+            self._checkpoints.pop()
+
+    def checkpoint(self) -> None:
+        """Save the recurrent state at ``n_past`` (no-op for a KV-only model, an empty cache, or
+        when one is saved there already). Keeps the oldest and the newest ``MAX_CHECKPOINTS`` - 1.
+        Raises DecodeError when llama.cpp cannot copy the state."""
+        if not self.recurrent or not self.tokens or (
+                self._checkpoints and self._checkpoints[-1].n_tokens == self.n_past):
+            return
+        size = devices.call(self._remote, llama_cpp.llama_state_seq_get_size_ext,
+                            self.ptr, 0, _PARTIAL)
+        data = (ctypes.c_uint8 * size)()
+        got = devices.call(self._remote, llama_cpp.llama_state_seq_get_data_ext,
+                           self.ptr, data, size, 0, _PARTIAL)
+        if got != size:
+            raise DecodeError(f"llama_state_seq_get_data_ext copied {got} of {size} bytes of "
+                              f"the recurrent state of {self.model.path.name}")
+        if len(self._checkpoints) >= MAX_CHECKPOINTS:
+            del self._checkpoints[1]
+        self._checkpoints.append(_Checkpoint(self.n_past, data))
+
+    def _restore(self, point: "_Checkpoint") -> None:
+        """Put the recurrent state back to ``point`` and cut the attention cache there."""
+        got = devices.call(self._remote, llama_cpp.llama_state_seq_set_data_ext,
+                           self.ptr, point.data, len(point.data), 0, _PARTIAL)
+        if got != len(point.data):
+            self.clear()  # llama.cpp cleared the sequence's state on failure
+            raise DecodeError(f"llama_state_seq_set_data_ext restored {got} of "
+                              f"{len(point.data)} bytes of the recurrent state of "
+                              f"{self.model.path.name}")
+        log_.debug("%s: restored the checkpoint at %d of %d tokens", self.model.path.name,
+                   point.n_tokens, self.n_past)
+        # the recurrent state now ends at n_tokens - 1: this cuts the attention cache alone
+        if not llama_cpp.llama_memory_seq_rm(self.memory, 0, point.n_tokens, -1):
+            self.clear()
+            raise DecodeError(f"llama_memory_seq_rm could not remove positions >= "
+                              f"{point.n_tokens} after restoring a checkpoint")
+        self._window = 0
+        self._drop(point.n_tokens)
 
     def clear(self) -> None:
-        """Empty the KV cache."""
+        """Empty the KV cache (and the recurrent state, and its checkpoints)."""
         devices.call(self._remote, llama_cpp.llama_memory_clear, self.memory, True)
         self.tokens.clear()
+        self._checkpoints.clear()
+        self._window = 0
 
     def shared_prefix(self, target: Sequence[int]) -> int:
         """How many leading tokens of ``target`` the cache already holds."""
@@ -334,23 +480,33 @@ class Context:
 
     def sync(self, target: Sequence[int], *, reuse: bool = True) -> int:
         """Make the cache hold exactly ``target``, reusing the longest common prefix of what it
-        holds (``reuse``; else from empty) and decoding only the rest, without logits.
+        holds (``reuse``; else from empty) that it can roll back to without decoding, and
+        decoding only the rest, without logits. A model with a recurrent state then saves a
+        checkpoint (the next request's prefix reuse restores it).
 
         Returns the number of tokens reused (not decoded again). Raises DecodeError as decode.
         """
         n = self.shared_prefix(target) if reuse else 0
-        if n == 0:
+        try:
+            n = self.forget(n)
+        except DecodeError:  # a cache that cannot drop a tail (llama.cpp refused): start over
             self.clear()
-        else:
-            try:
-                self.truncate(n)
-            except DecodeError:  # a cache that cannot drop a tail (llama.cpp refused): start over
-                self.clear()
-                n = 0
+            n = 0
         if len(target) > n:
             self.decode(target[n:], n_logits=0)
+        self.checkpoint()
         return n
 
     def kv_pos_max(self) -> int:
         """Largest position stored in the KV cache for sequence 0 (-1 when empty)."""
         return llama_cpp.llama_memory_seq_pos_max(self.memory, 0)
+
+
+@dataclass(frozen=True, eq=False)
+class _Checkpoint:
+    """The recurrent state after the first ``n_tokens`` tokens of the cache: ``data``, llama.cpp's
+    serialised partial state of sequence 0 (uint8 [size]; LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the
+    recurrent part without the attention KV)."""
+
+    n_tokens: int
+    data: ctypes.Array

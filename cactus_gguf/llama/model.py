@@ -177,6 +177,14 @@ class Model:
         return AttentionShape(n_head, llama_cpp.llama_model_n_head_kv(self.ptr),
                               int(k) if k else default, int(v) if v else default)
 
+    @property
+    def recurrent(self) -> bool:
+        """The model keeps a recurrent state (Mamba-2, gated delta-net, short convolutions, RWKV),
+        alone or beside attention (a hybrid): llama.cpp's own predicates. Its rollback is by
+        snapshots or checkpoints (context.py), not by cutting a KV cache."""
+        return bool(llama_cpp.llama_model_is_recurrent(self.ptr)
+                    or llama_cpp.llama_model_is_hybrid(self.ptr))
+
     def kv_cache_bytes(self, n_ctx: int) -> int:
         """Estimated size of an f16 KV cache of ``n_ctx`` tokens, bytes:
         n_ctx x layers x KV heads x (K + V head sizes) x 2 bytes."""

@@ -205,15 +205,16 @@ class ModelDrafter:
             n += 1
             if i == k - 1 or self.ctx.model.is_eog(d) or not policy.more(p[:n]):
                 break  # nothing to propose after the last draft or an end-of-generation token
-            row = self.ctx.decode([d], n_logits=1)[0]
+            row = self.ctx.decode([d], n_logits=1, may_drop=n)[0]  # d_1 .. d_n may go
             n_forwards += 1
         if n == 0:
             return Draft.empty(n_forwards)
         return Draft(tokens[:n], probs[:n], ("model",) * n, p[:n], n_forwards)
 
     def rollback(self, n_keep: int) -> None:
-        """Forget committed tokens past ``n_keep`` (a count of committed tokens, window included)."""
-        self.ctx.truncate(max(0, min(self.ctx.n_past, n_keep - self.offset)))
+        """Forget committed tokens past ``n_keep`` (a count of committed tokens, window included;
+        a recurrent draft may keep fewer: the next ``propose`` decodes the rest)."""
+        self.ctx.forget(max(0, min(self.ctx.n_past, n_keep - self.offset)))
 
 
 class NgramDrafter:

@@ -321,14 +321,13 @@ class ForeignDrafter:
         """Keep at most the translation of the first ``n_keep`` committed tokens."""
         n_keep = min(n_keep, len(self._ends))
         held = self._seq[:self._ends[n_keep - 1]] if n_keep > 0 else []
-        self.ctx.truncate(self.ctx.shared_prefix(held))
+        self.ctx.forget(self.ctx.shared_prefix(held))
 
     def _first_row(self, committed: Sequence[int]) -> np.ndarray:
         """Bring the context up to the committed tokens' translation; the draft's logits after
         it: float32 [V_d] (a view, valid until the next decode)."""
         seq = self._translate(committed)
-        n = min(self.ctx.shared_prefix(seq), len(seq) - 1)
-        self.ctx.truncate(n)
+        n = self.ctx.forget(min(self.ctx.shared_prefix(seq), len(seq) - 1))
         return self.ctx.decode(seq[n:], n_logits=1)[0]
 
     def _buffers(self, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -379,7 +378,7 @@ class ForeignDrafter:
             n += 1
             if i == k - 1 or self.ctx.model.is_eog(d) or not policy.more(p[:n]):
                 break
-            row = self.ctx.decode([d], n_logits=1)[0]
+            row = self.ctx.decode([d], n_logits=1, may_drop=n)[0]
             n_forwards += 1
         if n == 0:
             return Draft.empty(n_forwards)
@@ -399,7 +398,7 @@ class ForeignDrafter:
             drafted.append(d)
             if i == k - 1:
                 break
-            row = self.ctx.decode([d], n_logits=1)[0]
+            row = self.ctx.decode([d], n_logits=1, may_drop=len(drafted))[0]
             n_forwards += 1
         tokens = self._verifier_tokens(b"".join(Translator.token_bytes(self.tr.draft, d)
                                                 for d in drafted))[:k]

@@ -3,6 +3,7 @@ model's offload and context options from the LoadOptions, and how the pair's voc
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ..llama import Context, ContextOptions, ModelOptions
@@ -66,7 +67,8 @@ def load_pair(verifier: str | Path, draft: str | Path | None, lo: LoadOptions, *
                         ModelOptions(lo.n_gpu_layers_draft, repack=repack, device=lo.device_draft,
                                      rpc=lo.rpc_draft,
                                      option_names=("device_draft", "rpc_draft", "tensor_split")),
-                        draft_context or ctx_opts)
+                        # a draft's rollbacks span one-token decodes: checkpoints, not snapshots
+                        dataclasses.replace(draft_context or ctx_opts, n_rs_seq=0))
             pair = PairVocab.of(ver.model, dft.model)
     except BaseException:
         for c in (dft, ver):  # contexts before models, the draft first (as Engine.close)

@@ -9,7 +9,8 @@ For committed tokens t_0 .. t_{L-1} (t_{L-1} pending in both contexts; glossary 
   accept:  the native helper returns AL and the residual / bonus token (a request that does not
            speculate samples the verifier's row 0 instead);
   commit:  append d_1 .. d_AL and that token; fold the StepOutcome into the policy and the
-           statistics; roll both KV caches back to the committed prefix.
+           statistics; roll both KV caches back to (a prefix of) the committed tokens: the
+           next step decodes whatever a context lacks (Context.forget).
 """
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
 
     t_verify = time.perf_counter()
     # verify: one decode of the pending token(s) + the drafts, logits for len(draft) + 1 rows
-    logits = ver.decode(committed[ver.n_past:] + draft.tokens.tolist(), n_logits=len(draft) + 1)
+    logits = ver.decode(committed[ver.n_past:] + draft.tokens.tolist(), n_logits=len(draft) + 1,
+                        may_drop=len(draft))
 
     t_accept = time.perf_counter()
     if session.drafter is not None and session.drafter.shared_v is not None:
@@ -79,9 +81,11 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
 
     # Roll back: the verifier keeps t_0 .. t_{L-1} + the accepted drafts (the new pending
     # token is decoded next step); the draft keeps at most that much. After a stop inside
-    # the block (EOS, stop string, length) that is committed[:-1]: nothing past the end.
+    # the block (EOS, stop string, length) that is committed[:-1]: nothing past the end (a
+    # recurrent state that cannot drop the whole batch in place may keep the committed tokens
+    # the batch held: up to n_before + n_acc).
     keep = min(n_before + n_acc, len(committed) - 1)
-    ver.truncate(min(ver.n_past, keep))
+    ver.forget(min(ver.n_past, keep), upto=min(n_before + n_acc, len(committed)))
     if session.drafter is not None:
         session.drafter.rollback(keep)
     return pieces

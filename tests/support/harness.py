@@ -23,8 +23,8 @@ import numpy as np
 # ------------------------------------------------------------------------------------------------
 
 class KvShadow:
-    """Mirror of what each llama Context's KV cache holds, kept from its decode / truncate /
-    clear calls (install with ``KvShadow.install(monkeypatch)``). ``held(ctx)`` is the list of token
+    """Mirror of what each llama Context's KV cache holds, kept from its decode / forget /
+    truncate / clear calls (install with ``KvShadow.install(monkeypatch)``). ``held(ctx)`` is the list of token
     ids at positions 0 .. n_past-1; ``decodes`` logs (ctx, tokens, n_logits) of every decode call."""
 
     def __init__(self) -> None:
@@ -36,20 +36,28 @@ class KvShadow:
         from cactus_gguf.llama import Context
 
         shadow = cls()
-        decode, truncate, clear = Context.decode, Context.truncate, Context.clear
+        decode, truncate, forget, clear = (Context.decode, Context.truncate, Context.forget,
+                                           Context.clear)
 
-        def traced_decode(self, tokens, n_logits=1):
+        def traced_decode(self, tokens, n_logits=1, **kw):
             shadow.before_decode(self, [int(t) for t in tokens], n_logits)
-            out = decode(self, tokens, n_logits)
+            out = decode(self, tokens, n_logits, **kw)
             shadow.cache.setdefault(id(self), []).extend(int(t) for t in tokens)
             shadow.decodes.append((self, [int(t) for t in tokens], n_logits))
             shadow.check_kv(self)
             return out
 
-        def traced_truncate(self, n_keep):
+        def traced_truncate(self, n_keep):  # forget, then decode what it could not keep
             truncate(self, n_keep)
-            del shadow.cache.setdefault(id(self), [])[n_keep:]
+            assert shadow.cache.setdefault(id(self), [])[n_keep:] == []
             shadow.check_kv(self)
+
+        def traced_forget(self, n_keep, upto=None):
+            n = forget(self, n_keep, upto)
+            assert n <= max(n_keep, upto or 0)
+            del shadow.cache.setdefault(id(self), [])[n:]
+            shadow.check_kv(self)
+            return n
 
         def traced_clear(self):
             clear(self)
@@ -58,6 +66,7 @@ class KvShadow:
 
         monkeypatch.setattr(Context, "decode", traced_decode)
         monkeypatch.setattr(Context, "truncate", traced_truncate)
+        monkeypatch.setattr(Context, "forget", traced_forget)
         monkeypatch.setattr(Context, "clear", traced_clear)
         return shadow
 
@@ -69,13 +78,16 @@ class KvShadow:
 
     @staticmethod
     def check_kv(ctx) -> None:
-        """llama.cpp's KV cache holds exactly positions 0 .. n_past-1 of sequence 0."""
+        """llama.cpp's KV cache holds exactly positions 0 .. n_past-1 of sequence 0 (a recurrent
+        state: the state after position n_past - 1)."""
         import llama_cpp
 
         name = ctx.model.path.name
         assert ctx.kv_pos_max() == ctx.n_past - 1, (name, ctx.kv_pos_max(), ctx.n_past)
         pos_min = llama_cpp.llama_memory_seq_pos_min(ctx.memory, 0)
-        assert pos_min == (0 if ctx.n_past else -1), (name, pos_min)
+        # a recurrent state is one cell at the last position (a hybrid reports the larger minimum)
+        first = ctx.n_past - 1 if ctx.recurrent else 0
+        assert pos_min == (first if ctx.n_past else -1), (name, pos_min, ctx.n_past)
 
 
 def track_loads(monkeypatch) -> list:
@@ -229,3 +241,28 @@ class StepLog:
         steps = self.steps if steps is None else steps
         drafted = sum(s[0] for s in steps)
         return sum(s[1] for s in steps) / drafted if drafted else float("nan")
+
+
+# ------------------------------------------------------------------------------------------------
+# Greedy equivalence
+# ------------------------------------------------------------------------------------------------
+
+def top_two_gap(model_path, ids: list[int], context=None) -> float:
+    """The verifier's gap between its two largest logits after ``ids`` (fresh prefill)."""
+    from cactus_gguf.llama import Context
+
+    with Context.load(model_path, context_options=context or ctx(n_batch=512)) as m:
+        row = np.sort(np.array(m.decode(ids, 1)[0], dtype=np.float64))
+    return float(row[-1] - row[-2])
+
+
+def assert_greedy_equal(got: list[int], want: list[int], model_path, prompt_ids: list[int],
+                        max_gap: float, context=None, what: str = "") -> None:
+    """got == want, or they first differ at a near-tie of the verifier (top-two gap <= max_gap)."""
+    if got == want:
+        return
+    i = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    gap = top_two_gap(model_path, prompt_ids + want[:i], context)
+    assert gap <= max_gap, (f"{what}: speculative output left the verifier's greedy path at token "
+                            f"{i} where its top-two logit gap is {gap:.4g} (> {max_gap}): "
+                            f"got {got[i:i + 5]}, want {want[i:i + 5]}")
