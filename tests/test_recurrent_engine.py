@@ -141,6 +141,28 @@ def test_chat_turns_reuse_the_prefix_and_equal_a_fresh_engine(models, tmp_path):
         assert fresh.chat(turn2, n_predict=24, seed=0).tokens == a2.tokens
 
 
+@pytest.mark.parametrize("vocab", ["auto", "intersect", "text"])
+def test_foreign_hybrid_drafts_give_the_verifiers_tokens(models, tmp_path, vocab):
+    """A hybrid draft of another vocabulary (its own words and a control token the verifier
+    lacks) for a hybrid verifier: its context holds the committed tokens translated, rolled back
+    through checkpoints, as in the same-vocabulary case."""
+    from test_foreign_drafts import EXTRA, FOREIGN_WORDS
+
+    words = FOREIGN_WORDS if vocab != "auto" else None  # auto: the same words, moved ids (map)
+    dft = write_lfm2(tmp_path / "foreign.gguf", seed=11, noise=0.1, noise_seed=12,
+                     extra_control=EXTRA, **({"words": words} if words else {}))
+    with make_engine(models["qwen35"], None, temp=0.0, method="none") as alone:
+        base = alone.generate(PROMPTS[0], n_predict=N, seed=0).tokens
+    with make_engine(models["qwen35"], dft, temp=0.0, k=4, method="cactus",
+                     draft_vocab=vocab) as spec:
+        out = spec.generate(PROMPTS[0], n_predict=N, seed=3)
+        again = spec.generate(PROMPTS[0], n_predict=N, seed=3)  # prefix reuse of both contexts
+        assert error_after(spec.draft, dft) < TOL
+    assert out.tokens == base == again.tokens
+    assert out.stats.draft_vocab == ("map" if vocab == "auto" else vocab)
+    assert out.stats.n_drafted > 0
+
+
 def test_a_grammar_constrained_run_equals_the_verifier_alone(models):
     grammar = 'root ::= "the " [a-z ]+ "."'
     runs = []
