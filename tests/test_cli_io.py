@@ -231,3 +231,16 @@ def test_a_full_draft_context_is_reported(files):
     r = run(files, "-p", "the cat sat on", "-n", "300", "-c", "256", "-k", "4")
     # one context size for both: the verifier fills first, drafting never stops early
     assert "drafting stopped" not in r.stderr
+
+
+def test_verbose_prints_the_draft_length_decisions(files, monkeypatch, tmp_path):
+    monkeypatch.setenv("CACTUS_GGUF_CACHE", str(tmp_path))  # a real probe of these models
+    r = run(files, "-p", "the cat", "-n", "24", "-k", "auto", "-c", "256", "-v")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    decided = [ln for ln in lines if ln.startswith("draft length (model): ")]
+    assert decided, lines[-20:]
+    assert "ms for 1 row" in decided[0] and "tokens/s against" in decided[0], decided[0]
+    assert any(ln.startswith("prompt of ") and "reused" in ln for ln in lines)
+    quiet = run(files, "-p", "the cat", "-n", "4", "-k", "auto", "-c", "256")
+    assert "draft length (" not in quiet.stderr

@@ -21,6 +21,7 @@ in between (an interleaved stream) gets them restored to its own committed token
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 import threading
 import time
@@ -49,6 +50,8 @@ from .step import run_step
 from .vocab import end_set, token_pieces
 
 __all__ = ["Engine", "Stream", "Chunk"]
+
+log = logging.getLogger(__name__)
 
 
 class Stream(Iterator[str]):
@@ -440,6 +443,9 @@ class Engine:
         except DecodeCancelled:  # the caches hold a prefix of the prompt: still reusable
             cancelled = True
         session.stats.prefill_seconds = time.perf_counter() - t0
+        log.debug("prompt of %d tokens: %d reused from the verifier's cache, %d from the draft's",
+                  len(prompt), session.stats.n_prompt_tokens_reused,
+                  session.stats.n_draft_prompt_tokens_reused)
         self._owner = None if cancelled else session
         session.started = True
         session.t_start = time.perf_counter()

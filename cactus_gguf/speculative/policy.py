@@ -19,9 +19,12 @@ adaptive policies learn from it and decide what the next step may do.
 from __future__ import annotations
 
 import bisect
+import logging
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ..stats import StepOutcome
@@ -271,6 +274,7 @@ class CostAwareDraftLength:
         self._drafted_last = False  # the draft model drafted in the previous step
         self.n_paused = 0  # verifier-only steps the policy chose (for the stats)
         self._verdicts = self._plan()  # {channel: verdict} of the coming step
+        self._explain({})
 
     # -- the rule ---------------------------------------------------------------------------------
 
@@ -373,4 +377,26 @@ class CostAwareDraftLength:
         elif n:
             self.acceptance.update([float(x) for x in draft.p[:n]], n_acc)
         self._drafted_last = model_drafted
-        self._verdicts = self._plan()
+        before, self._verdicts = self._verdicts, self._plan()
+        self._explain(before)
+
+    def _explain(self, before: dict[str, str]) -> None:
+        """Log each channel whose verdict changed, with what decided it (-v)."""
+        if before == self._verdicts or not log.isEnabledFor(logging.DEBUG):
+            return
+        c = self.costs
+        for kind, verdict in self._verdicts.items():
+            if before.get(kind) == verdict:
+                continue
+            m = self._channels[kind].acceptance.mean
+            best = self._rate([m] * self.k, kind=kind)
+            j = int(np.argmax(best))
+            log.debug("draft length (%s): %s; acceptance %.2f, verifier %.1f ms for 1 row and "
+                      "%.1f ms for %d, draft %.1f ms a token: best k %d at %.1f tokens/s against "
+                      "%.1f alone%s", kind, {"on": "drafting up to k=%d" % self.k,
+                                             "off": "never drafting (it cannot pay here)",
+                                             "paused": "verifier alone for now",
+                                             "probe": "one probe step at k=%d" % self.k}[verdict],
+                      m, c.verify(1) * 1e3, c.verify(self.k + 1) * 1e3, self.k + 1,
+                      self._draft_cost(kind) * 1e3, j, best[j], best[0],
+                      "" if not before else f" (was {before.get(kind)})")

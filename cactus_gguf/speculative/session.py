@@ -8,6 +8,7 @@ it resumes another one).
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -18,6 +19,8 @@ from .drafters import Drafter
 from .policy import DraftPolicy
 
 __all__ = ["Session", "Chunk"]
+
+log = logging.getLogger(__name__)
 
 # Where an emitted token came from (Chunk.segments): an accepted draft, the verifier's token at the
 # first rejection (residual), after all k drafts were accepted (bonus), or in a step with no draft.
@@ -108,6 +111,7 @@ class Session:
 
     def stop_drafting(self, reason: str) -> None:
         """The draft model cannot go on: the verifier decodes alone from here (recorded)."""
+        log.debug("drafting stopped after %d tokens: %s", len(self.out_tokens), reason)
         self.drafter = None
         self.stats.draft_stopped_at = len(self.out_tokens)
         self.stats.draft_stop_reason = reason
