@@ -298,6 +298,14 @@ static inline double draft_prob(const float *p, int32_t i, int32_t n)
     return i == n ? 1.0 : 0.0;
 }
 
+/* EARS's reach at a token: q + thr p, the mass its test can accept there (rules.c, law.c). The
+ * tolerance is 0 where p is 0, for any thr: thr = inf (alpha = inf) times 0 is taken as its limit,
+ * never NaN. */
+static inline double ears_reach(double q, double p, double thr)
+{
+    return p > 0.0 ? q + thr * p : q;
+}
+
 /* Membership of the top set T of q, described by its last element (value cut_v, id cut_id) in the
  * order (q desc, id asc): i in T  <=>  q[i] > cut_v, or q[i] = cut_v and i <= cut_id. */
 static inline int in_top(const float *q, int32_t i, float cut_v, int32_t cut_id)

@@ -373,7 +373,7 @@ cg_wlist cgi_law_ears(const cg_position *pos, const cg_target *t, cg_law *out)
     for (int32_t j = 0; j < sq.m; ++j) {
         const double qi = sq.w[j];
         const double pi = draft_prob(pos->p, sq.id[j], pos->n);
-        const double reach = qi + t->thr * pi;
+        const double reach = ears_reach(qi, pi, t->thr);
         acc += pi < reach ? pi : reach;
         z += qi > pi ? qi - pi : 0.0;
     }
@@ -381,7 +381,7 @@ cg_wlist cgi_law_ears(const cg_position *pos, const cg_target *t, cg_law *out)
     for (int32_t j = 0; j < sq.m; ++j) {
         const double qi = sq.w[j];
         const double pi = draft_prob(pos->p, sq.id[j], pos->n);
-        const double reach = qi + t->thr * pi;
+        const double reach = ears_reach(qi, pi, t->thr);
         const double r = z > 0.0 ? (qi > pi ? qi - pi : 0.0) / z : qi;
         sq.w[j] = (pi < reach ? pi : reach) + rho * r;
     }

@@ -183,7 +183,8 @@ static void ears_target(const cg_position *pos, cg_target *t)
 {
     t->h_n = (double)pos->q[pos->n];
     t->scale = 1.0;
-    t->thr = pos->ap->ears_alpha * (1.0 - pos->q_max);
+    /* alpha (1 - max q) is 0 where q is one-hot (greedy), also at alpha = inf: the limit */
+    t->thr = pos->q_max >= 1.0 ? 0.0 : pos->ap->ears_alpha * (1.0 - pos->q_max);
     t->kl = 0.0; /* no target distribution: the divergence is the emitted law's (output_kl_*) */
 }
 
@@ -193,7 +194,7 @@ static void ears_target(const cg_position *pos, cg_target *t)
 static void ears_accept(const cg_position *pos, const cg_target *t, double u, cg_outcome *o)
 {
     const double p_n = draft_prob(pos->p, pos->n, pos->n);
-    o->accepted = pos->q[pos->n] > 0.0f && u * p_n < t->h_n + t->thr * p_n;
+    o->accepted = pos->q[pos->n] > 0.0f && u * p_n < ears_reach(t->h_n, p_n, t->thr);
     o->token = pos->n;
     o->kl = 0.0;
 }

@@ -9,6 +9,7 @@ sum; and a Monte-Carlo histogram of emitted tokens passes a chi-square test agai
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -178,6 +179,26 @@ def test_ears_at_alpha_zero_is_sps_and_never_accepts_what_the_verifier_excludes(
         for _ in range(200):
             r = s.verify(None, np.array([t], np.int32), vl)
             assert r.n_accepted == 0 and q_cut[r.next_token] > 0
+
+
+@pytest.mark.parametrize("alpha", [1e300, sys.float_info.max, math.inf])
+def test_ears_at_the_largest_alphas_takes_the_limits_exactly(alpha):
+    """alpha (1 - max q) is 0 where q is one-hot, for every alpha (inf x 0 was NaN, and greedy EARS
+    at alpha = inf accepted nothing, not even exact matches); elsewhere a huge alpha accepts every
+    draft q allows, so what is emitted is p on the support of q plus the residual of the rest."""
+    greedy = NativeSampler(8, SamplingParams(0.0, 0, 1.0, 0.0),
+                           AcceptanceParams("ears", ears_alpha=alpha), 0)
+    vl = np.log(np.vstack([Q_VERIFIER, Q_VERIFIER])).astype(np.float32)
+    top = int(np.argmax(Q_VERIFIER))
+    p = _warped(P_DRAFT)
+    assert greedy.verify(p[None], np.array([top], np.int32), vl).n_accepted == 1
+    assert greedy.verify(p[None], np.array([(top + 1) % 8], np.int32), vl).n_accepted == 0
+    q = _warped(Q_VERIFIER)
+    law = NativeSampler(8, FLAT, AcceptanceParams("ears", ears_alpha=alpha), 0).emitted_law(p, q)
+    want = ref.emitted_first_token_distribution(p, q, "ears", ears_alpha=alpha)
+    assert np.all(np.isfinite(law.probs)) and law.acceptance == pytest.approx(1.0, abs=1e-6)
+    np.testing.assert_allclose(law.probs, want, atol=1e-7)
+    np.testing.assert_allclose(law.probs, p, atol=1e-7)  # q > 0 everywhere here: P = p
 
 
 def test_a_top_gap_of_infinity_is_the_papers_cactus_and_zero_relaxes_only_the_top():

@@ -286,8 +286,9 @@ def _test_position(method: str, p: np.ndarray, q: np.ndarray, n: int, d: float, 
         token = pick(q, u)
         return token == n, token, 0.0
     if method == "ears":
-        thr = rule["ears_alpha"] * (1.0 - float(np.float32(q.max())))
-        if q[n] > 0 and u * p[n] < q[n] + thr * p[n]:
+        q_max = float(np.float32(q.max()))  # alpha (1 - max q): 0 at one-hot q, any alpha
+        thr = 0.0 if q_max >= 1.0 else rule["ears_alpha"] * (1.0 - q_max)
+        if q[n] > 0 and u * p[n] < (q[n] + thr * p[n] if p[n] > 0 else q[n]):
             return True, n, 0.0
         return False, _rescaled_residual(np.maximum(q - p, 0.0), q, draw()), 0.0
     raise ValueError(method)
@@ -382,7 +383,8 @@ def emitted_first_token_distribution(p: np.ndarray | None, q: np.ndarray, method
             r = np.maximum(ind - p, 0.0)
             r = r / r.sum() if r.sum() > 0 else ind / ind.sum()
         elif method == "ears":  # EARS (arXiv:2512.13194), never a token q excludes
-            thr = ears_alpha * (1.0 - float(np.float32(q.max())))
+            q_max = float(np.float32(q.max()))  # alpha (1 - max q): 0 at one-hot q, any alpha
+            thr = 0.0 if q_max >= 1.0 else ears_alpha * (1.0 - q_max)
             a = min(1.0, q[n] / p[n] + thr) if q[n] > 0 else 0.0
             r = np.maximum(q - p, 0.0)
             r = r / r.sum() if r.sum() > 0 else q
