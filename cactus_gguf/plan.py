@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import InputError
-from .options import (BY_NAME, MODEL_DRAFTERS, LoadOptions, Request, check_value, options_in,
+from .options import (BY_NAME, MODEL_DRAFTERS, SELF_DRAFTERS, LoadOptions, Request, check_value, options_in,
                       validate_pairing)
 from .stats import GenerationResult
 
@@ -158,7 +158,7 @@ def _plan(given: Mapping[str, Any], command: str) -> tuple[RunPlan, dict[str, An
     pair, verifier, draft = choose_pair(given.get("pair"), given.get("model"),
                                         given.get("model_draft"))
     values = read_file_options(settle(given, pair, command))
-    if values["drafter"] == "ngram" and pair is not None:
+    if values["drafter"] in SELF_DRAFTERS and pair is not None:
         draft = None
     if verifier is None:
         raise InputError("no verifier model: give VERIFIER (a .gguf path or a registry name)",
@@ -171,9 +171,9 @@ def _plan(given: Mapping[str, Any], command: str) -> tuple[RunPlan, dict[str, An
         raise InputError(f"method {request.method} needs a DRAFT model; give one, or use "
                          "{drafter} ngram or {method} none", param="model_draft",
                          options=("drafter", "method"))
-    if request.drafter == "ngram" and draft is not None and pair is None:
-        raise InputError("the ngram drafter uses no draft model: drop DRAFT, or use {drafter} "
-                         "model", param="drafter")
+    if request.drafter in SELF_DRAFTERS and draft is not None and pair is None:
+        raise InputError(f"the {request.drafter} drafter uses no draft model: drop DRAFT, or "
+                         "use {drafter} model", param="drafter")
     plan = RunPlan(verifier_spec=verifier, draft_spec=draft if uses_draft else None,
                    pair_name=pair.name if pair is not None else None, load=load, request=request,
                    prompt="", chat=bool(values.get("chat")))

@@ -62,7 +62,8 @@ def test_api_records_take_their_defaults_from_the_schema():
     for record in (SamplingParams, AcceptanceParams, ContextOptions):  # declared with opt(name)
         for f in dataclasses.fields(record):
             o = options.option_of(f)
-            assert o is None and f.name in ("end_tau", "end_mask", "n_rs_seq") or o is options.BY_NAME[f.name]
+            assert o is None and f.name in ("end_tau", "end_mask", "n_rs_seq", "mtp") \
+                or o is options.BY_NAME[f.name]
 
 
 @pytest.mark.parametrize("cls, scope", [(options.Request, "request"),

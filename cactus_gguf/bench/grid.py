@@ -50,6 +50,9 @@ FAMILIES: dict[str, dict] = {
     "ngram-cactus": {"acceptance": "cactus", "drafter": "ngram", "per_delta": True},
     # prompt lookup on a full --ngram-max match, else the draft model; Cactus at the base δ
     "hybrid": {"acceptance": "cactus", "drafter": "hybrid", "per_delta": False},
+    # the verifier's own next-n (MTP) layer drafts (Qwen3.5): SpS, and Cactus at the base δ
+    "mtp-sps": {"acceptance": "sps", "drafter": "mtp", "per_delta": False},
+    "mtp": {"acceptance": "cactus", "drafter": "mtp", "per_delta": False},
 }
 METHODS = tuple(FAMILIES)
 PROTECT_ENDS = 0.1  # cactus-ends's threshold when the base request's is off

@@ -421,7 +421,9 @@ def _open_engines(stack: contextlib.ExitStack, plan: BenchPlan, verifier_path: P
     draft model alone (when a configuration runs it), placed as the draft is in the pair."""
     from ..speculative import Engine
 
-    engine = stack.enter_context(Engine(verifier_path, draft_path, plan.load, defaults=plan.base))
+    engine = stack.enter_context(Engine(
+        verifier_path, draft_path, plan.load, defaults=plan.base,
+        load_mtp=any(c["drafter"] == "mtp" for c in plan.configs)))
     engines = {"verifier": engine}
     if any(c.get("decoder") == "draft" for c in plan.configs):
         lo = plan.load

@@ -97,6 +97,9 @@ class ContextOptions:
     n_batch - 2, llama.cpp's limit); each costs one more copy of the recurrent state in memory.
     0 for a draft model, whose rollbacks span one-token decodes that snapshots never cover (as
     llama-server's draft contexts). Ignored for KV-only models.
+    mtp: the context runs the model's next-n (MTP) layer alone (llama.cpp
+    ``LLAMA_CONTEXT_TYPE_MTP``; the model loaded with ``load_mtp``), decoded with
+    :meth:`Context.decode_states`: a plain attention KV cache, whatever the trunk's memory.
     """
 
     n_ctx: int = opt("n_ctx")
@@ -104,6 +107,7 @@ class ContextOptions:
     n_threads: int | None = opt("n_threads")
     flash_attn: str = opt("flash_attn")
     n_rs_seq: int = RS_SNAPSHOTS
+    mtp: bool = False
 
     __post_init__ = check_fields
 
@@ -164,8 +168,12 @@ class Context:
         self.n_batch: int = llama_cpp.llama_n_batch(self.ptr)
         self.tokens: list[int] = []
         self._should_stop = None  # interruptible(): asked between the n_batch chunks of a decode
+        #: called after each llama_decode with (its first position, its token count): the MTP
+        #: drafter reads the verifier's hidden rows there (speculative/mtp.py)
+        self.on_decode = None
+        self._batch_ext = None  # decode_states' batch (an MTP context)
         #: the model keeps a recurrent state (module docstring: rollback by window or checkpoint)
-        self.recurrent: bool = model.recurrent
+        self.recurrent: bool = model.recurrent and not options.mtp
         #: snapshots llama.cpp keeps per decode (it sets 0 for an architecture without them)
         self.n_rs_seq: int = llama_cpp.llama_n_rs_seq(self.ptr) if self.recurrent else 0
         self._window = 0  # tokens at the end that seq_rm can drop exactly now (recurrent)
@@ -197,6 +205,13 @@ class Context:
         """Create the llama.cpp context (``self._ctx``, its ``ptr`` and ``memory``), allocating
         the KV cache on the model's devices. Raises ModelLoadError when llama.cpp cannot."""
         model = self.model
+        if options.mtp and (not model.mtp_loaded or model.n_layer_nextn < 1):
+            # llama.cpp aborts the process on an MTP context without next-n layers loaded
+            raise ModelLoadError(
+                f"{model.path.name} has no next-n (MTP) layers: {{drafter}} mtp needs a model "
+                "that has them (Qwen3.5), loaded with them" if model.n_layer_nextn < 1 else
+                f"{model.path.name} was loaded without its next-n (MTP) layers (load_mtp)",
+                param="drafter")
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = options.n_ctx
         cparams.n_batch = options.n_batch
@@ -206,7 +221,9 @@ class Context:
         cparams.n_threads_batch = self.n_threads
         cparams.flash_attn_type = _FLASH_ATTN[options.flash_attn]
         cparams.no_perf = True
-        if model.recurrent:  # llama.cpp aborts unless n_ubatch > n_rs_seq + 1
+        if options.mtp:
+            cparams.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        elif model.recurrent:  # llama.cpp aborts unless n_ubatch > n_rs_seq + 1
             cparams.n_rs_seq = max(0, min(options.n_rs_seq, options.n_batch - 2))
         log.clear_errors()
         try:
@@ -255,6 +272,9 @@ class Context:
 
     def close(self) -> None:
         """Free the batch and the context, then the model if this context owns it. Idempotent."""
+        if self._batch_ext is not None:
+            llama_cpp.llama_batch_ext_free(self._batch_ext)
+            self._batch_ext = None
         for attr in ("_batch", "_ctx"):
             obj = getattr(self, attr, None)
             if obj is not None:
@@ -354,7 +374,49 @@ class Context:
                         2: "aborted"}.get(rc, "error")
                 raise DecodeError(f"llama_decode returned {rc}: {what}")
             self.tokens.extend(int(t) for t in chunk)
+            if self.on_decode is not None:
+                self.on_decode(self.n_past - m, m)
         return self.logits(n_logits) if n_logits else np.empty((0, self.n_vocab), np.float32)
+
+    def decode_states(self, tokens: Sequence[int], states: np.ndarray) -> np.ndarray:
+        """An MTP context's decode (ContextOptions.mtp): append ``tokens`` (int [n], n <=
+        n_batch) at positions ``n_past ..``, each paired with its state row (``states``: float32
+        [n, E], E = the model's ``n_embd_out``: the verifier's hidden row at the position before
+        it). Returns the last row's logits, float32 [V] (a view valid until the next decode).
+        Raises DecodeError (full, or llama_process failed; nothing is appended then)."""
+        n = len(tokens)
+        if not 0 < n <= self.n_batch or states.shape != (n, self.model.n_embd_out):
+            raise InputError(f"decode_states needs 1..{self.n_batch} tokens and a state row "
+                             f"each, got {n} and {states.shape}")
+        if self.n_past + n > self.n_ctx:
+            raise DecodeError(f"context full: {self.n_past} + {n} tokens > n_ctx={self.n_ctx}")
+        if self._batch_ext is None:
+            self._batch_ext = llama_cpp.llama_batch_ext_init(self.ptr)
+        b = self._batch_ext
+        llama_cpp.llama_batch_ext_clear(b)
+        rows = np.ascontiguousarray(states, dtype=np.float32)  # alive until llama_process returns
+        row_bytes = rows.strides[0]
+        pos = (ctypes.c_int32 * 4)()
+        for i, t in enumerate(tokens):
+            idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(t))
+            pos[0] = self.n_past + i
+            embd = llama_cpp.llama_embd(
+                ctypes.cast(rows.ctypes.data + i * row_bytes, ctypes.POINTER(ctypes.c_float)),
+                1, rows.shape[1])
+            if idx < 0 or not llama_cpp.llama_batch_ext_set_pos(b, idx, pos) \
+                    or not llama_cpp.llama_batch_ext_set_embd_token(b, idx, embd):
+                raise DecodeError(f"llama_batch_ext refused token {i} of {n} ({idx})")
+        llama_cpp.llama_batch_ext_set_output_logits(b, n - 1, True)
+        rc = devices.call(self._remote, llama_cpp.llama_process, self.ptr,
+                          llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
+        if rc != 0:
+            self.forget(self.n_past)  # nothing appended (a failed call stores nothing we keep)
+            raise DecodeError(f"llama_process returned {rc}")
+        self.tokens.extend(int(t) for t in tokens)
+        ptr = llama_cpp.llama_get_logits_ith(self.ptr, -1)
+        if not ptr:
+            raise DecodeError("llama_get_logits_ith returned NULL")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def logits(self, n_rows: int) -> np.ndarray:
         """The last decode's output logits: float32 [n_rows, V], a zero-copy view."""

@@ -44,6 +44,8 @@ class ModelOptions:
         names, ``none`` = CPU only); None = this machine's GPUs, then the ``rpc`` servers.
     rpc: RPC servers for the offloaded layers, ``HOST:PORT[,...]`` (llama.cpp ``--rpc``).
     tensor_split: proportions of the offloaded layers per device, ``3,1`` (``--tensor-split``).
+    load_mtp: also load the model's next-n (MTP) layers, for ``--drafter mtp`` (llama.cpp's
+        ``load_mtp``; a model without them loads as it is).
     The option names of the error messages are ``option_names``' (a draft's are ``*_draft``).
     """
 
@@ -54,6 +56,7 @@ class ModelOptions:
     rpc: str | None = None
     tensor_split: str | None = None
     option_names: tuple[str, str, str] = ("device", "rpc", "tensor_split")
+    load_mtp: bool = False
 
     def __post_init__(self) -> None:
         check_value("n_gpu_layers", self.n_gpu_layers)
@@ -100,6 +103,8 @@ class Model:
         mparams.load_mode = (llama_cpp.LLAMA_LOAD_MODE_MMAP if options.use_mmap
                              else llama_cpp.LLAMA_LOAD_MODE_NONE)
         mparams.use_extra_bufts = options.resolved_repack()
+        mparams.load_mtp = options.load_mtp
+        self.mtp_loaded = options.load_mtp
         dev_name, rpc_name, _ = options.option_names
         # kept referenced: llama.cpp reads both arrays while it loads
         self._devices = devices.device_list(options.device, options.rpc, param_device=dev_name,
@@ -176,6 +181,16 @@ class Model:
         k, v = (self.metadata(f"{arch}.attention.{key}_length") for key in ("key", "value"))
         return AttentionShape(n_head, llama_cpp.llama_model_n_head_kv(self.ptr),
                               int(k) if k else default, int(v) if v else default)
+
+    @property
+    def n_layer_nextn(self) -> int:
+        """Next-n (MTP) layers the GGUF has (0: none; ``--drafter mtp`` needs one)."""
+        return max(0, llama_cpp.llama_model_n_layer_nextn(self.ptr))
+
+    @property
+    def n_embd_out(self) -> int:
+        """Width of the hidden rows next-n drafting hands from the verifier to its MTP layer."""
+        return llama_cpp.llama_model_n_embd_out(self.ptr)
 
     @property
     def recurrent(self) -> bool:

@@ -32,14 +32,15 @@ from .values import (_endpoints, _nonempty, _tensor_split, normalize_json_schema
 __all__ = ["Option", "OPTIONS", "LoadOptions", "Request", "options_in", "default", "check_value",
            "validate_pairing", "markdown_table", "constraint_of", "normalize_json_schema",
            "CONSTRAINTS", "parse_endpoints", "parse_tensor_split", "METHODS", "SOLVERS", "BUDGETS",
-           "DRAFTERS", "DRAFT_VOCABS", "MODEL_DRAFTERS", "opt", "option_of", "check_fields"]
+           "DRAFTERS", "DRAFT_VOCABS", "MODEL_DRAFTERS", "SELF_DRAFTERS", "opt", "option_of", "check_fields"]
 
 # The acceptance rules ("none" = no speculation, the verifier alone), Cactus solvers and budgets.
 # Names only: their C values come from the library (sampling/_clib.py asks it for each name).
 METHODS = ("sps", "cactus", "typical", "topk", "greedy", "ears")
 SOLVERS = ("taylor", "exact")
 BUDGETS = ("target", "output")
-DRAFTERS = ("model", "ngram", "hybrid")
+DRAFTERS = ("model", "ngram", "hybrid", "mtp")
+SELF_DRAFTERS = ("ngram", "mtp")  # the drafters that need no DRAFT model
 # How a draft whose vocabulary is not the verifier's speculates (speculative/foreign.py)
 DRAFT_VOCABS = ("auto", "same", "map", "intersect", "text")
 MODEL_DRAFTERS = ("model", "hybrid")  # the drafters that run the DRAFT model
@@ -279,7 +280,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("drafter", str, "model", "`model` (the DRAFT GGUF), `ngram` (prompt lookup from the "
            "token history: no draft model, `cactus-gguf run VERIFIER --drafter ngram`) or "
            "`hybrid` (prompt lookup when the last `--ngram-max` tokens occurred before, else the "
-           "draft model)",
+           "draft model) or `mtp` (the verifier's own next-n layers, Qwen3.5: no draft model; "
+           "llama.cpp's `--spec-type draft-mtp`, sampled and checked by any rule)",
            ("--drafter",), choices=DRAFTERS, commands=_GEN),
     Option("ngram_max", int, 3, "`ngram` drafter: longest n-gram looked up (`hybrid`: the "
            "match length it needs)", ("--ngram-max",),
@@ -416,7 +418,8 @@ OPTIONS: tuple[Option, ...] = (
            "emitted tokens: `--budget output`), cactus-exact (the exact solver), cactus-ends "
            "(protected ends: `--protect-ends`, 0.1 when off), cactus-ends-gap (protected ends and "
            "`--top-gap`, 0.5 when inf: the default rule), typical, ears, topk, ngram, "
-           "ngram-cactus, hybrid (cactus with `--drafter hybrid`); `FAMILY@D` runs a Cactus "
+           "ngram-cactus, hybrid (cactus with `--drafter hybrid`), mtp-sps and mtp (sps / cactus "
+           "with `--drafter mtp`: the verifier's next-n layers); `FAMILY@D` runs a Cactus "
            "family at δ = D only (`cactus-exact@1`)",
            ("--configs",), scope="bench", grid=True, optional=True,
            shown_default="none,sps,cactus,cactus-ends-gap,typical,ngram", commands=_BENCH),

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import filelock
+import numpy as np
 
 from ..llama.hw import system_info
 from ..llama.placement import devices_key
@@ -80,8 +81,28 @@ def measure_forward_costs(engine, context_tokens: Sequence[int],
                            "draft": {}, "draft_over_verifier": None}
     if engine.draft is not None:
         out["draft"] = probe(engine.draft, [1])
+    elif getattr(engine, "mtp", None) is not None:  # the verifier's own MTP head drafts
+        out["draft"] = _probe_head(engine.mtp.head, ctx_tokens, repeats + warm, warm)
+    if out["draft"]:
         out["draft_over_verifier"] = out["draft"]["1"] / out["verifier"]["1"]
     return out
+
+
+def _probe_head(head, ctx_tokens: Sequence[int], n: int, warm: bool) -> dict[str, float]:
+    """Median milliseconds of an MTP head's one-token decode (a drafted token) after
+    ``ctx_tokens`` (paired with zero state rows: the cost does not depend on them); the head is
+    emptied after (its engine re-synchronises it)."""
+    E = head.model.n_embd_out
+    head.clear()
+    head.decode_states(ctx_tokens, np.zeros((len(ctx_tokens), E), np.float32))
+    base, times = head.n_past, []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        head.decode_states(ctx_tokens[-1:], np.zeros((1, E), np.float32))
+        times.append((time.perf_counter() - t0) * 1e3)
+        head.forget(base)
+    head.clear()
+    return {"1": float(statistics.median(times[1:] if warm else times))}
 
 
 def probe_sizes(k_max: int) -> list[int]:
@@ -99,7 +120,8 @@ def _file_key(path: str | os.PathLike[str]) -> str:
 
 def _key(engine, k_max: int) -> str:
     lo = engine.load_options
-    draft = _file_key(engine.draft.model.path) if engine.draft is not None else "no draft"
+    draft = (_file_key(engine.draft.model.path) if engine.draft is not None
+             else "mtp head" if getattr(engine, "mtp", None) is not None else "no draft")
     parts = [_file_key(engine.verifier.model.path), draft,
              system_info(), str(engine.verifier.n_threads), str(engine.verifier.n_ctx),
              str(lo.n_gpu_layers), str(lo.n_gpu_layers_draft), str(k_max),

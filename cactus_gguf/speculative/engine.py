@@ -21,6 +21,7 @@ in between (an interleaved stream) gets them restored to its own committed token
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import secrets
 import threading
@@ -41,6 +42,7 @@ from ..stats import GenerationResult
 from ..text import render_chat
 from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from .foreign import ForeignDrafter
+from .mtp import MtpDrafter, MtpHead
 from ..registry.cache import cache_dir
 from .costs import SlowStepWatch, forward_costs
 from .loading import load_pair
@@ -130,21 +132,40 @@ class Engine:
         draft_context: the draft's own context options, when they should differ (e.g. a smaller
             n_ctx); default: the verifier's.
         repack: weight repacking for both models, overriding ``load.repack`` (None = that).
+        load_mtp: load the verifier's next-n (MTP) layers and its MTP context, so that requests
+            may use ``drafter="mtp"``; None = when the defaults' drafter is mtp.
     Raises:
-        ModelLoadError (a file llama.cpp cannot load), VocabMismatchError (a draft that shares no
+        ModelLoadError (a file llama.cpp cannot load; ``load_mtp`` with a verifier without
+            next-n layers), VocabMismatchError (a draft that shares no
             text token with the verifier; other vocabularies are served: README "Foreign drafts"),
         KvCacheTooLargeError, InputError (bad options). Nothing stays loaded after an error.
     """
 
     def __init__(self, verifier: str | Path, draft: str | Path | None = None,
                  load: LoadOptions | None = None, *, defaults: Request | None = None,
-                 draft_context: ContextOptions | None = None, repack: bool | None = None) -> None:
+                 draft_context: ContextOptions | None = None, repack: bool | None = None,
+                 load_mtp: bool | None = None) -> None:
         self.load_options = load if load is not None else LoadOptions()
         self.defaults = defaults if defaults is not None else Request()
         self.verifier: Context | None
         self.draft: Context | None
+        mtp = self.defaults.drafter == "mtp" if load_mtp is None else load_mtp
         self.verifier, self.draft, self.pair_vocab = load_pair(
-            verifier, draft, self.load_options, draft_context=draft_context, repack=repack)
+            verifier, draft, self.load_options, draft_context=draft_context, repack=repack,
+            load_mtp=mtp)
+        #: the verifier's MTP head (``--drafter mtp`` at load), kept in step with it (mtp.py)
+        self.mtp: MtpHead | None = None
+        if mtp:
+            try:
+                head = Context(self.verifier.model, dataclasses.replace(
+                    draft_context or ContextOptions(
+                        n_ctx=self.verifier.n_ctx, n_batch=self.verifier.n_batch,
+                        n_threads=self.verifier.n_threads, flash_attn=self.load_options.flash_attn),
+                    n_ctx=self.verifier.n_ctx, mtp=True))
+                self.mtp = MtpHead(self.verifier, head)
+            except BaseException:
+                self.close()
+                raise
         if self.pair_vocab is not None:
             try:  # a pair the defaults' draft_vocab cannot use is refused now, not per request
                 self.pair_vocab.method_for(self.defaults.draft_vocab)
@@ -165,6 +186,10 @@ class Engine:
 
     def close(self) -> None:
         """Free both models (contexts first). Idempotent."""
+        if getattr(self, "mtp", None) is not None:
+            self.mtp.close()
+            self.mtp.head.close()  # a context of the verifier's model: before it
+            self.mtp = None
         for c in (self.draft, self.verifier):
             if c is not None:
                 c.close()
@@ -179,7 +204,7 @@ class Engine:
     def reset(self) -> None:
         """Empty both KV caches (the next request reuses nothing)."""
         with self._lock:
-            for c in (self.verifier, self.draft):
+            for c in (self.verifier, self.draft, self.mtp.head if self.mtp else None):
                 if c is not None:
                     c.clear()
             self._owner = None
@@ -309,6 +334,12 @@ class Engine:
         if acceptance is not None:
             if req.drafter == "ngram":
                 drafter = NgramDrafter(req.ngram_max, req.ngram_min)
+            elif req.drafter == "mtp":
+                if self.mtp is None:
+                    raise InputError("{drafter} mtp needs the verifier's next-n (MTP) layers, "
+                                     "loaded when the engine starts: load it with {drafter} mtp "
+                                     "(the server: serve ... --drafter mtp)", param="drafter")
+                drafter = MtpDrafter(self.mtp, ver.n_vocab)
             elif self.draft is None:
                 raise InputError(f"{{method}} {req.method} with {{drafter}} model needs a draft "
                                  "model, and this engine has none: load one, or use drafter "
@@ -379,7 +410,7 @@ class Engine:
         """The draft-length policy: the cost-aware one under ``k="auto"`` (its channels: the
         draft model, prompt lookup, or both for the hybrid drafter), else the fixed k."""
         if req.k == "auto" and drafter is not None:
-            channels = {"model": ("model",), "ngram": ("ngram",),
+            channels = {"model": ("model",), "ngram": ("ngram",), "mtp": ("model",),
                         "hybrid": ("model", "ngram")}[req.drafter]
             return CostAwareDraftLength(req.k_max, self.forward_costs(req.k_max), req.draft_min,
                                         req.draft_p_min, channels=channels)

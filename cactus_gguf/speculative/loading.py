@@ -45,13 +45,14 @@ def _load(name: str | Path, param: str, model_options: ModelOptions,
 
 def load_pair(verifier: str | Path, draft: str | Path | None, lo: LoadOptions, *,
               draft_context: ContextOptions | None = None,
-              repack: bool | None = None
+              repack: bool | None = None, load_mtp: bool = False
               ) -> tuple[Context, Context | None, PairVocab | None]:
     """The verifier's context, the draft's and how their vocabularies relate (both None without
     a draft), loaded with ``lo``'s options (``draft_context``: the draft's own context options,
     default the verifier's; ``repack`` overrides ``lo.repack`` for both). Raises ModelLoadError,
     VocabMismatchError (a draft that shares no text token with the verifier),
-    KvCacheTooLargeError, RPC server errors; nothing stays loaded after an error."""
+    KvCacheTooLargeError, RPC server errors; nothing stays loaded after an error. ``load_mtp``:
+    the verifier's next-n (MTP) layers too (``--drafter mtp``)."""
     repack = repack if repack is not None else lo.repack
     ctx_opts = ContextOptions(n_ctx=lo.n_ctx, n_batch=lo.n_batch, n_threads=lo.n_threads,
                               flash_attn=lo.flash_attn)
@@ -60,7 +61,7 @@ def load_pair(verifier: str | Path, draft: str | Path | None, lo: LoadOptions, *
     try:
         ver = _load(verifier, "model",
                     ModelOptions(lo.n_gpu_layers, repack=repack, device=lo.device, rpc=lo.rpc,
-                                 tensor_split=lo.tensor_split),
+                                 tensor_split=lo.tensor_split, load_mtp=load_mtp),
                     ctx_opts)
         if draft is not None:
             dft = _load(draft, "model_draft",

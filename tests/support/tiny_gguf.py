@@ -270,7 +270,7 @@ QWEN35_LAYERS, QWEN35_D_CONV, QWEN35_D_STATE, QWEN35_K_HEADS, QWEN35_V_HEADS = 4
 
 def write_qwen35(path: str | Path, *, seed: int = 11, logit_scale: float = 2.0, noise: float = 0.0,
                  noise_seed: int = 0, n_nextn: int = 0, zero_attn: bool = False,
-                 **tokenizer: Any) -> Path:
+                 mimic: float | None = None, **tokenizer: Any) -> Path:
     """Write a Qwen3.5 GGUF (architecture ``qwen35``): 4 layers, full attention every 4th
     (``full_attention_interval`` 4: layers 0-2 gated delta-net, 3 attention), as the real models.
 
@@ -288,6 +288,13 @@ def write_qwen35(path: str | Path, *, seed: int = 11, logit_scale: float = 2.0, 
     decoder block plus ``nextn.eh_proj`` / ``nextn.enorm`` / ``nextn.hnorm`` /
     ``nextn.shared_head_norm`` (the embedding and LM head are shared with the trunk). Its
     weights are drawn after the trunk's: the trunk is exactly the ``n_nextn=0`` model's.
+
+    ``mimic`` (with ``n_nextn``): a next-n block that predicts what the verifier will. The
+    blocks' outputs (``ssm_out``, ``attn_output``, ``ffn_down``) are zeroed, so the trunk is a
+    bigram model (its logits after a token depend on that token alone), and ``eh_proj`` is
+    [I | 0] + mimic x its random draw, so the head reads the next token's embedding (and, for
+    mimic > 0, a little of the hidden state): at mimic 0 the head's logits for t+2 are the
+    verifier's after t+1 (two RMS norms in a row differ by rounding).
     """
     path = Path(path)
     rand = _sampler(seed, noise, noise_seed)
@@ -306,6 +313,18 @@ def write_qwen35(path: str | Path, *, seed: int = 11, logit_scale: float = 2.0, 
     if n_nextn:
         hparams.append(("nextn_predict_layers", n_nextn))
     w, V = _begin(path, "qwen35", hparams, **tokenizer)
+    if mimic is not None:
+        add = w.add_tensor
+
+        def mimicking(name: str, data: np.ndarray) -> None:
+            if name.endswith(("ssm_out.weight", "attn_output.weight", "ffn_down.weight")):
+                data = data * 0
+            elif name.endswith("nextn.eh_proj.weight"):
+                copy = np.hstack([np.eye(N_EMBD), np.zeros((N_EMBD, N_EMBD))]).astype(np.float32)
+                data = copy + np.float32(mimic) * data
+            add(name, data)
+
+        w.add_tensor = mimicking
     w.add_tensor("token_embd.weight", rand(V, N_EMBD, scale=1.0))
     for i in range(QWEN35_LAYERS + n_nextn):
         if i == QWEN35_LAYERS:  # the head before the next-n blocks: the trunk is that of n_nextn=0
