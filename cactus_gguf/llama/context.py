@@ -409,8 +409,8 @@ class Context:
         llama_cpp.llama_batch_ext_set_output_logits(b, n - 1, True)
         rc = devices.call(self._remote, llama_cpp.llama_process, self.ptr,
                           llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
-        if rc != 0:
-            self.forget(self.n_past)  # nothing appended (a failed call stores nothing we keep)
+        if rc != 0:  # drop whatever the failed call may have stored past what we hold
+            llama_cpp.llama_memory_seq_rm(self.memory, 0, self.n_past, -1)
             raise DecodeError(f"llama_process returned {rc}")
         self.tokens.extend(int(t) for t in tokens)
         ptr = llama_cpp.llama_get_logits_ith(self.ptr, -1)

@@ -161,10 +161,14 @@ class MtpDrafter:
     def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
                 grammar: Constraint | None = None) -> Draft:
         mtp, head = self.mtp, self.mtp.head
+        if not policy.uses("model"):
+            return Draft.empty()
+        if not mtp.follows:  # a rollback past the last batch's rows (rare): decode again
+            mtp.resync()
         # the head drafts from t_{L-1} paired with h_{L-2}: the verifier must hold exactly
         # committed[:-1] (after a rollback to a checkpoint it holds fewer: the verification
         # batch catches up, and this step is verifier-only)
-        if not policy.uses("model") or not mtp.follows or mtp.ver.n_past != len(committed) - 1:
+        if mtp.ver.n_past != len(committed) - 1:
             return Draft.empty()
         base, E = head.n_past, mtp.E
         probs, tokens, p = self._buffer(k), np.zeros(k, np.int32), np.zeros(k, np.float32)
