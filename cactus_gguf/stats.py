@@ -183,7 +183,10 @@ class GenerationStats:
         verifier's probability mass on the tokens the draft can propose (Σ q over the
         vocabularies' intersection at each step's first position), in [0, 1]; None when not
         measured (a draft of the verifier's own vocabulary, or none)."""
-        return self.coverage_sum / self.n_coverage if self.n_coverage else None
+        if not self.n_coverage:
+            return None
+        # a mean of float32 sums of q can round past 1 (1.000000004): a mass, at most 1
+        return min(1.0, self.coverage_sum / self.n_coverage)
 
     @property
     def grammar_ms_per_token(self) -> float:

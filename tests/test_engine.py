@@ -200,3 +200,27 @@ def test_stream_chunks_say_where_each_piece_of_text_came_from(engine):
     assert len(chunks) <= s.result.stats.n_steps
     alone = engine.stream(PROMPTS[0], n_predict=10, seed=5, method="none")
     assert {src for c in alone.chunks() for _, src in c.segments} == {"verifier"}
+
+
+def test_a_generation_cut_short_during_the_prompt_times_from_its_start(tiny_pair, monkeypatch):
+    """A Ctrl-C while the prompt is processed: the partial result's seconds run from the request's
+    start (they were the time since boot: the decode clock had not started)."""
+    import time as _time
+
+    from cactus_gguf.llama import Context
+
+    with make_engine(*tiny_pair, k=2) as eng:
+        stream = eng.stream("the cat sat on the mat", n_predict=8, seed=1)
+        decode = Context.decode
+
+        def interrupted(self, tokens, n_logits=1, **kw):
+            _time.sleep(0.05)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(Context, "decode", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            next(stream)
+        monkeypatch.setattr(Context, "decode", decode)
+        stats = stream.partial().stats
+    assert stats.decode_seconds == 0.0 and stats.other_seconds == 0.0
+    assert 0.05 <= stats.prefill_seconds == stats.answer_seconds < 5.0

@@ -218,6 +218,22 @@ def test_draft_window_with_a_foreign_draft_is_a_clear_error(models):
             eng.generate(PROMPT, n_predict=4, seed=0, draft_window=8)
 
 
+def test_serve_refuses_a_draft_window_with_a_foreign_draft_before_serving(models):
+    """A client cannot change ``draft_window``: a server started with it and a foreign draft
+    (explicit --draft-vocab, or auto on a foreign pair) would have answered every request with a
+    400; it is refused at start, in one line, and never says it is serving."""
+    from cactus_gguf.errors import InputError
+    from cactus_gguf.options import Request
+
+    with pytest.raises(InputError, match=r"draft_window works only .* draft_vocab text"):
+        Request(draft_window=5, draft_vocab="text")
+    for vocab in ("text", "auto"):
+        r = run_cli("serve", models["ver"], models["foreign"], "--draft-window", "5",
+                    "--draft-vocab", vocab, "-t", "1", "--port", "0", timeout=60)
+        line = assert_one_line_error(r, "--draft-window works only with a draft of the verifier")
+        assert "serving" not in r.stdout + r.stderr, line
+
+
 def test_cli_serves_a_foreign_pair_and_names_what_differs_under_same(models):
     r = run_cli("run", models["ver"], models["foreign"], "-p", PROMPT, "-n", "8", "-k", "2",
                 "-t", "1", "--seed", "1")

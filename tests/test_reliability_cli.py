@@ -407,3 +407,49 @@ def test_unusable_model_cache_is_a_one_line_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "cactus_gguf", "pull", "smollm2-135m-instruct-q4_1"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert_one_line_error(r, "cannot write to the model cache", "set CACTUS_GGUF_CACHE")
+
+
+# ---- issue 42: small things a new user hit ------------------------------------------------------
+
+def test_a_stop_list_with_a_non_string_names_the_item():
+    from cactus_gguf.errors import InputError
+    from cactus_gguf.options import Request
+
+    with pytest.raises(InputError, match=r"^stop must be a string or a list of strings, got None "
+                                         r"in the list$"):
+        Request(stop=["a", None])
+
+
+def test_float_token_ids_are_refused(tiny_pair):
+    from cactus_gguf.errors import InputError
+    from support.harness import make_engine
+
+    with make_engine(*tiny_pair) as eng:
+        with pytest.raises(InputError, match=r"prompt token ids must be integers, got 1.5"):
+            eng.generate([1, 1.5], n_predict=2)
+        with pytest.raises(InputError, match=r"got True"):
+            eng.generate([1, True], n_predict=2)
+        assert eng.generate([1, 259], n_predict=2, seed=0).stats.n_prompt_tokens == 2
+
+
+def test_a_prompt_file_with_a_byte_order_mark(tmp_path):
+    from cactus_gguf.bench.prompts import load_prompts_jsonl
+
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"id": "a", "prompt": "hello"}\n')
+    [p] = load_prompts_jsonl(path)
+    assert (p.id, p.text) == ("a", "hello")
+
+
+def test_vocab_coverage_is_a_mass_at_most_one():
+    from cactus_gguf.stats import GenerationStats
+
+    s = GenerationStats(coverage_sum=3.000000012, n_coverage=3)
+    assert s.vocab_coverage == 1.0
+    assert GenerationStats().vocab_coverage is None
+
+
+def test_the_registry_calls_smollm2_a_foreign_draft():
+    r = run_cli("models")
+    assert r.returncode == 0, r.stderr
+    assert "not a valid draft" not in r.stdout and "a foreign draft for the Qwen models" in r.stdout

@@ -67,7 +67,7 @@ def load_prompts_jsonl(path: str | os.PathLike[str], limit: int | None = None) -
     out: list[BenchPrompt] = []
     seen: set[str] = set()
     try:
-        lines = path.read_bytes().decode("utf-8").splitlines()
+        lines = path.read_bytes().decode("utf-8-sig").splitlines()  # a leading BOM dropped
     except UnicodeDecodeError as e:
         raise InputError(f"prompt file {path} is not UTF-8 (bad byte at offset {e.start})") from None
     for no, line in enumerate(lines, 1):

@@ -16,7 +16,7 @@ import click
 
 from ..errors import CactusError
 from . import fail, model_command, report_error
-from .params import given
+from .params import flag_of, given
 
 if TYPE_CHECKING:
     import uvicorn
@@ -133,7 +133,9 @@ def _announce(worker: Worker, server: uvicorn.Server, model_id: str, host: str,
         click.echo(f"cactus-gguf: serving {model_id} at http://{shown}:{port} "
                    "(OpenAI API under /v1, chat page at /)", err=True)
     else:
-        click.echo(f"cactus-gguf: error: {worker.error}", err=True)
+        e = worker.exception
+        shown = e.render(flag_of) if isinstance(e, CactusError) else worker.error
+        click.echo(f"cactus-gguf: error: {shown}", err=True)
         server.should_exit = True
 
 

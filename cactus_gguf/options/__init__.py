@@ -156,8 +156,11 @@ class Option:
         if (value is None and self.optional) or (self.words and value in self.words):
             return None
         if self.multiple:
-            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            if not isinstance(value, (list, tuple)):
                 return f"must be a string or a list of strings, got {type(value).__name__}"
+            bad = next((v for v in value if not isinstance(v, str)), "")
+            if bad != "":  # name the item, not the list (a None among strings, a number)
+                return f"must be a string or a list of strings, got {bad!r} in the list"
             if "" in value:  # an empty stop string would match before the first token
                 return "must not be an empty string"
             return None

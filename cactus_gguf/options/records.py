@@ -193,6 +193,10 @@ def _check_request(r: Request) -> None:
     if r.ngram_min > r.ngram_max:
         raise InputError(f"n-gram sizes must satisfy {{ngram_min}} <= {{ngram_max}}, got "
                          f"{r.ngram_min} > {r.ngram_max}", param="ngram_min", options=("ngram_max",))
+    if r.draft_window and r.draft_vocab not in ("auto", "same"):
+        raise InputError(f"{{draft_window}} works only with a draft of the verifier's vocabulary, "
+                         f"and {{draft_vocab}} {r.draft_vocab} drafts in another: set "
+                         "{draft_window} 0", param="draft_window", options=("draft_vocab",))
     constraint_of(r)  # compiles (and caches) the grammar: a bad one is refused before any load
 
 

@@ -97,6 +97,7 @@ class Worker:
         self._outstanding = 0  # submitted and not finished: the running job and those waiting
         self._lock = threading.Lock()
         self.state, self.error = "loading", ""
+        self.exception: BaseException | None = None
         self.stopping = False  # shutdown() was called: no new job starts
         self._running: Job | None = None
         self.engine = None
@@ -151,6 +152,7 @@ class Worker:
             self.state = "ready"
         except BaseException as e:  # noqa: BLE001 - reported through /health and the CLI
             self.state, self.error = "failed", str(e) or type(e).__name__
+            self.exception = e  # for the CLI, which names options by their flags
             self.ready.set()
             return
         self.ready.set()

@@ -168,7 +168,12 @@ class Engine:
                 raise
         if self.pair_vocab is not None:
             try:  # a pair the defaults' draft_vocab cannot use is refused now, not per request
-                self.pair_vocab.method_for(self.defaults.draft_vocab)
+                method = self.pair_vocab.method_for(self.defaults.draft_vocab)
+                if method != "same" and self.defaults.draft_window:
+                    raise InputError(
+                        f"{{draft_window}} works only with a draft of the verifier's vocabulary, "
+                        f"and this pair drafts with {{draft_vocab}} {method}: set "
+                        "{draft_window} 0", param="draft_window", options=("draft_vocab",))
             except BaseException:
                 self.close()
                 raise
@@ -313,6 +318,11 @@ class Engine:
             raise InputError(f"prompt must be a str or a sequence of token ids, got "
                              f"{type(prompt).__name__}", param="prompt")
         else:
+            bad = next((t for t in prompt if isinstance(t, bool)
+                        or not isinstance(t, (int, np.integer))), None)
+            if bad is not None:
+                raise InputError(f"prompt token ids must be integers, got {bad!r}",
+                                 param="prompt")
             tokens = [int(t) for t in prompt]
         if not tokens:  # empty text is a prompt when the model adds BOS (then its one token)
             raise InputError("the prompt is empty and this model adds no BOS token, so there is "

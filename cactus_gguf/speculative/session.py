@@ -127,7 +127,12 @@ class Session:
     def finish(self) -> list[str]:
         """Close the generation: release the held text and build ``result``."""
         tail = self.text.finish() if self.stop_reason != "interrupted" else ""
-        self.stats.decode_seconds = time.perf_counter() - self.t_start
+        now = time.perf_counter()
+        if self.started:
+            self.stats.decode_seconds = now - self.t_start
+        else:  # cut short while the prompt was processed (or before): no decoding yet
+            self.stats.prefill_seconds = now - self.t_prefill if self.t_prefill else 0.0
+            self.stats.decode_seconds = 0.0
         if self.constraint is not None:
             self.stats.grammar_seconds = self.constraint.seconds
         self.stats.n_tokens = len(self.out_tokens)
