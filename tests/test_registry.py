@@ -222,7 +222,7 @@ def test_shipped_registry():
     d = reg.models[pair.draft]
     assert d.sources[0].sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
     smol = reg.models["smollm2-135m-instruct-q4_1"]
-    assert smol.vocab != v.vocab and "mismatch" in (smol.notes or "")
+    assert smol.vocab != v.vocab and "foreign draft" in (smol.notes or "")
     for name in ("qwen3-8b+0.6b", "qwen3-14b+0.6b"):
         p = reg.pairs[name]
         assert p.settings == {"k": "auto", "k_max": 10, "delta": 1.0, "temperature": 0.6,
