@@ -4,7 +4,7 @@
     python benchmarks/gpu_check.py --backend vulkan --sdist SDIST -o OUT [-m VERIFIER -md DRAFT]
 
 1. **Build**: llama.cpp from the llama-cpp-python sdist's vendored source with the backend's CMake
-   flag (tests/gpu_support.py; cached per backend, version and flags in
+   flag (tests/support/llama_build.py; cached per backend, version and flags in
    ~/.cache/cactus-gguf/gpu-build), then this script runs again on it (``LLAMA_CPP_LIB_PATH``).
 2. **Devices**: ``cactus-gguf run --list-devices -ngl 99 -ngld 99``, and where each model's layers
    went once loaded with every layer offloaded (``-ngl 99 -ngld 99``).

@@ -2,7 +2,7 @@
 
     python benchmarks/rpc_loopback.py [--prompts 6] [-n 128] [-k 4] [-o benchmarks/results/rpc]
 
-Runs on llama.cpp built with RPC (tests/rpc_support.py builds it once, cached; this script re-runs
+Runs on llama.cpp built with RPC (tests/support/rpc.py builds it once, cached; this script re-runs
 itself with ``LLAMA_CPP_LIB_PATH`` pointing at it) against one ``ggml-rpc-server`` on 127.0.0.1
 with as many threads as the client. Three engines on the registry's default pair with its settings:
 ``local`` (every layer on this process's CPU, weights repacked as by default), ``local_norepack``

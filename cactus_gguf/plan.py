@@ -1,4 +1,4 @@
-"""From the options a user gave (by name, as in options.py) to a finished generation.
+"""From the options a user gave (by name, as in cactus_gguf/options/) to a finished generation.
 
 ``plan_run`` settles every option — the user's values, else a registry pair's recommendation, else
 the default — validates them and reads the prompt, all *before* any model is fetched or loaded;

@@ -1,4 +1,4 @@
-"""The one options schema: every front end derives from options.py, so nothing can drift.
+"""The one options schema: every front end derives from cactus_gguf/options/, so nothing can drift.
 
 - the README's flag tables are exactly what ``python -m cactus_gguf.options`` prints;
 - every click option of ``run`` / ``bench`` has the schema's default (``--help`` shows it);

@@ -91,7 +91,7 @@ def test_different_vocabularies_are_served_and_refused_under_same(files):
 
 # ---- bad numbers and flags: rejected before any model is touched ------------------------------------
 
-PARAM_CASES = [  # every message names the flag (options.py says how)
+PARAM_CASES = [  # every message names the flag (cactus_gguf/options/ says how)
     (["-k", "-1"], "-k/--draft-max must be >= 0 (0 = no speculation), got -1"),
     (["-k", "-3"], "-k/--draft-max must be >= 0"),
     (["--delta", "-1"], "--delta must be >= 0, got -1"),

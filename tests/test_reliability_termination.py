@@ -1,6 +1,6 @@
 """Issue #6, kind 6: termination and text.
 
-Scripted *bigram* GGUFs (tests/reliability_support.write_llama(bigram=...)) make llama.cpp emit
+Scripted *bigram* GGUFs (tests/support/tiny_gguf.py, write_llama(bigram=...)) make llama.cpp emit
 chosen tokens, so each case is forced deterministically: an end-of-generation token inside an
 accepted block ends the output there; a drafted EOS that the verifier rejects does not end it; stop
 strings match across token boundaries and never reach a streamed chunk; chunks hold whole UTF-8

@@ -1,7 +1,7 @@
 """The verifier (and the draft) over llama.cpp's RPC backend, on loopback, with the real pair.
 
 Everything runs the real CLI (``python -m cactus_gguf``) on llama.cpp built with ``-DGGML_RPC=ON``
-from the pinned llama-cpp-python's vendored source (tests/rpc_support.py: built once, cached in
+from the pinned llama-cpp-python's vendored source (tests/support/rpc.py: built once, cached in
 ~/.cache/cactus-gguf/rpc-build) against real ``ggml-rpc-server`` processes on 127.0.0.1. Local and
 remote runs use the same build and no weight repacking (the rpc-server's CPU device does not
 repack), so they do the same arithmetic and "equal" means token for token. With repacking on

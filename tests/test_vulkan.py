@@ -2,7 +2,7 @@
 device), with ``-ngl`` / ``-ngld`` offloading the layers, KV caches and logits of both models.
 
 Everything runs in subprocesses on llama.cpp built with ``-DGGML_VULKAN=ON`` from the pinned
-llama-cpp-python's vendored source (tests/gpu_support.py: built once, cached in
+llama-cpp-python's vendored source (tests/support/llama_build.py: built once, cached in
 ~/.cache/cactus-gguf/gpu-build; the Debian packages are installed when missing), selected with
 ``LLAMA_CPP_LIB_PATH``: the CLI (``python -m cactus_gguf``), or one of the ``job_*`` functions
 below through :func:`on_device` for what needs the API in-process (histograms, the KV shadow, load

@@ -18,7 +18,8 @@ __all__ = ["FAMILIES", "METHODS", "config_grid", "k_order", "default_methods", "
 
 # Configuration families, as data: the acceptance rule (None = the verifier alone), who drafts,
 # and whether the family is crossed with the δ grid. Every family but none is crossed with k.
-# ``budget``: what δ bounds for a Cactus family (options.py; "target" when absent); ``solver``: the
+# ``budget``: what δ bounds for a Cactus family (the options table; "target" if absent);
+# ``solver``: the
 # Cactus solver (the base request's --solver when absent). A configuration name ``family@D`` runs a
 # per-δ family at that δ only (``cactus-exact@1``), whatever the δ grid.
 FAMILIES: dict[str, dict] = {

@@ -1,4 +1,4 @@
-"""The ``cactus-gguf`` command: parses options (made from options.py), calls the API, prints.
+"""The ``cactus-gguf`` command: parses options (made from the options table), calls the API, prints.
 
 Errors: every error is one line on stderr, ``cactus-gguf: error: ...``, with the option named by
 its flag, and the exit code of its kind (errors.py): 1 bad input (also a malformed or unknown
@@ -133,7 +133,8 @@ def main() -> None:
 
 def model_command(name: str, *, grid: bool = False):
     """Decorator: the subcommand ``name`` taking ``[VERIFIER] [DRAFT]`` and its options from
-    options.py (grid options as comma-separated lists with ``grid``); the function gets the click
+    the options table (grid options as comma-separated lists with ``grid``); the function gets the
+    click
     context, the two positional models and the options by name."""
     from .params import schema_options
 

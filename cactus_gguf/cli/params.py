@@ -1,4 +1,4 @@
-"""click options made from the options table (options.py): flags, types, defaults, help.
+"""click options made from the options table (cactus_gguf/options/): flags, types, defaults, help.
 
 ``schema_options(command)`` decorates a click command with every option of that command that has
 flags; the command receives them under their option names. ``given(ctx)`` is what the user set

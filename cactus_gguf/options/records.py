@@ -1,7 +1,7 @@
 """The records of the Python API: :class:`Request` (one generation) and :class:`LoadOptions` (an
 engine's models and contexts), frozen dataclasses written out field by field from the one options
-table (options.py): each field is ``opt(name)``, its default and its Option, from which the
-validation reads the allowed values. options.py re-exports them, so callers import them from there.
+table (__init__.py): each field is ``opt(name)``, its default and its Option, from which the
+validation reads the allowed values. The package re-exports them, so callers import them from there.
 """
 from __future__ import annotations
 

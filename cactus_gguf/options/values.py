@@ -1,5 +1,6 @@
 """Parsers of option values that are more than a type and a range: a JSON Schema, RPC server
-addresses, a tensor split. Each raises InputError naming the option (``param``); options.py applies
+addresses, a tensor split. Each raises InputError naming the option (``param``); the options table
+applies
 them (its ``normalize`` hooks) when a Request / LoadOptions is made, so before anything loads."""
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Sampling math: the parameter records, the native helper's facade and its NumPy reference.
 
-- ``params``: SamplingParams (warps) and AcceptanceParams (the acceptance rule), from options.py;
+- ``params``: SamplingParams (warps) and AcceptanceParams (the acceptance rule), from the options
+table;
 - ``native``: ctypes facade over the C helper of native/ (warp, sample, one verification step,
   the emitted law); ``errors``: its exceptions, one per C status;
 - ``reference``: the same math in plain NumPy, which the tests and the kernel benchmark compare

@@ -1,6 +1,7 @@
 """The two parameter sets the native helper takes, built from a :class:`~cactus_gguf.options.Request`.
 
-Their fields are options of ``options.py``, declared with ``opt(name)`` (defaults, allowed values
+Their fields are options of the table (cactus_gguf/options), declared with ``opt(name)`` (defaults,
+allowed values
 and messages come from the table) and filled from the Request's fields of the same names; these
 frozen records are what crosses into C (``native.c_params``, by field name), so a per-token call
 never re-validates anything.
@@ -30,7 +31,7 @@ class SamplingParams:
     - ``min_p``: keep prob >= min_p * max prob, in [0, 1]; 0 = off.
 
     top-p and min-p use softmax at temperature 1 over the tokens still kept. Values cross into C as
-    float32 (temperature, top_p, min_p). Defaults: ``options.py``.
+    float32 (temperature, top_p, min_p). Defaults: ``cactus_gguf/options/``.
     Raises InputError (a ValueError) on an out-of-range value.
     """
 

@@ -52,7 +52,8 @@ SHUTDOWN_GRACE = 5.0  # seconds the running request may take to finish after SIG
 class ServerConfig:
     """What the server was started with: the default Request of every generation, the model id
     clients see (``--alias``, else the pair's or the verifier's name), and the serve options
-    (options.py). ``strict_model``: a request naming another model gets 404 (default: served)."""
+    (the options table). ``strict_model``: a request naming another model gets 404 (default:
+    served)."""
 
     defaults: Any
     model_id: str

@@ -7,7 +7,8 @@ cactus-gguf's ``speculative`` object (``method``, ``delta``, ``solver``, ``budge
 ``false``: the verifier alone for this request). Structured output: OpenAI's ``response_format``
 (``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"schema": {...}}}``) and
 llama-server's ``grammar`` (GBNF) and ``json_schema`` fields. Values are validated by the one options
-schema (options.py), so the server accepts exactly what ``cactus-gguf run`` accepts; an error names
+schema (the options table), so the server accepts exactly what ``cactus-gguf run`` accepts; an
+error names
 the field as the client wrote it. Fields that would change what a response means and that this
 server does not implement (tools, logprobs, penalties, several choices) are refused with a 400,
 never silently ignored.

@@ -127,7 +127,7 @@ class Engine:
     Args:
         verifier, draft: GGUF paths or models.yaml names (fetched on first use); draft None:
             method none or the ngram drafter only.
-        load: context size, batch, threads, GPU offload, flash attention (options.py).
+        load: context size, batch, threads, GPU offload, flash attention (cactus_gguf/options/).
         defaults: the Request each call starts from (its keyword overrides apply on top).
         draft_context: the draft's own context options, when they should differ (e.g. a smaller
             n_ctx); default: the verifier's.

@@ -19,7 +19,8 @@ Debian 12's Vulkan headers (1.3.239) predate ``VK_EXT_layer_settings``, which gg
 only to configure the validation layer of a ``GGML_VULKAN_VALIDATE`` build; the build puts that
 block under ``#ifdef VK_EXT_layer_settings`` (a no-op with newer headers).
 
-By hand: ``python tests/gpu_support.py [vulkan|cuda] [SDIST]`` builds (or finds) it and prints
+By hand: ``python tests/support/llama_build.py [vulkan|cuda] [SDIST]`` builds (or finds) it and
+prints
 the environment to use.
 """
 from __future__ import annotations

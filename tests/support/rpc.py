@@ -7,7 +7,7 @@ and llama.cpp's ``ggml-rpc-server`` (tools/rpc). It runs once per llama-cpp-pyth
 2 cores. A process runs cactus-gguf on that build with ``LLAMA_CPP_LIB_PATH=<build>/lib`` (read by
 llama-cpp-python when it loads libllama), so the tests need no second pip install.
 
-By hand: ``python tests/rpc_support.py`` builds (or finds) it and prints the two paths.
+By hand: ``python tests/support/rpc.py`` builds (or finds) it and prints the two paths.
 """
 from __future__ import annotations
 
