@@ -9,6 +9,8 @@ ALPHA = 0.001 with fixed seeds (deterministic); the expected laws come from the 
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -263,3 +265,19 @@ def test_real_foreign_draft_greedy_equals_the_verifier_alone(qwen_pair, smollm_p
                 assert out.tokens == base.tokens, (vocab, method)
                 assert out.stats.draft_vocab == vocab and out.stats.acceptance_rate > 0.2
                 assert 0.5 < out.stats.vocab_coverage <= 1.0 + 1e-6
+
+
+def test_bench_and_the_cost_probe_run_a_foreign_pair(models, tmp_path, monkeypatch):
+    """The probe times the draft on its own tokens, and the draft-alone configuration reads the
+    prompt with its own tokenizer (both used the verifier's ids: the foreign draft failed to
+    decode them, or the draft configuration was refused naming the wrong vocabulary)."""
+    monkeypatch.setenv("CACTUS_GGUF_CACHE", str(tmp_path / "cache"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(a): the cat sat on"}\n')
+    r = run_cli("bench", models["ver"], models["foreign"], "--prompts", prompts, "-n", "8",
+                "--configs", "none,sps,draft", "-k", "2,auto", "-c", "256", "-t", "1",
+                "-o", tmp_path / "out", timeout=300)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert {row["config"] for row in report["runs"]} == {"none", "sps-k2", "sps-kauto", "draft"}
+    assert report["forward_ms"]["before"]["draft"]["1"] > 0

@@ -396,7 +396,7 @@ def _sit(plan: BenchPlan, verifier_path: Path, draft_path: Path | None, journal:
         first_tokens = engine.tokenize(rendered[0][0])
         if plan.warmup:  # first decodes page the weights in and size llama.cpp's buffers
             say("warming up")
-            _warm_up(plan, engines, first_tokens)
+            _warm_up(plan, engines, first_tokens, rendered[0][0])
         probe = None
         if any(c["k"] == "auto" for c in plan.configs):  # -k auto's cost model, before any run
             engine.forward_costs(plan.base.k_max)
@@ -449,15 +449,16 @@ def _render_prompts(plan: BenchPlan, engine: Engine) -> tuple[bool, list[tuple[s
     return chat, rendered
 
 
-def _warm_up(plan: BenchPlan, engines: dict[str, Engine], first_tokens: list[int]) -> None:
+def _warm_up(plan: BenchPlan, engines: dict[str, Engine], first_tokens: list[int],
+             first_text: str) -> None:
     """A few untimed tokens from the first prompt: a model-drafter configuration and the first
-    one on the pair, and the draft alone when it runs."""
+    one on the pair, and the draft alone when it runs (on the text: its own tokens)."""
     warm = [c for c in plan.configs if c["drafter"] in MODEL_DRAFTERS][:1] + plan.configs[:1]
     warm_n = min(16, plan.n_predict) if plan.n_predict > 0 else 16  # -n -1: unbounded
     for c in warm:
         engines["verifier"].generate(first_tokens, request_for(plan.base, c), n_predict=warm_n)
     if "draft" in engines:
-        engines["draft"].generate(first_tokens, plan.base.replace(method="none"),
+        engines["draft"].generate(first_text, plan.base.replace(method="none"),
                                   n_predict=warm_n)
 
 

@@ -79,13 +79,25 @@ def measure_forward_costs(engine, context_tokens: Sequence[int],
     out: dict[str, Any] = {"repeats": repeats, "n_context": len(ctx_tokens),
                            "verifier": probe(engine.verifier, sizes),
                            "draft": {}, "draft_over_verifier": None}
-    if engine.draft is not None:
+    if engine.draft is not None:  # on its own tokens (a foreign draft: the same text's)
+        ctx_tokens = _in_draft_tokens(engine, ctx_tokens)
         out["draft"] = probe(engine.draft, [1])
     elif getattr(engine, "mtp", None) is not None:  # the verifier's own MTP head drafts
         out["draft"] = _probe_head(engine.mtp.head, ctx_tokens, repeats + warm, warm)
     if out["draft"]:
         out["draft_over_verifier"] = out["draft"]["1"] / out["verifier"]["1"]
     return out
+
+
+def _in_draft_tokens(engine, tokens: list[int]) -> list[int]:
+    """The verifier's ``tokens`` as the draft's ids: the same for a pair of one vocabulary,
+    else their text tokenized by the draft (never a verifier id the draft may lack)."""
+    pair = getattr(engine, "pair_vocab", None)
+    if pair is None or pair.kind == "same":
+        return tokens
+    text = engine.verifier.model.detokenize(tokens)
+    return engine.draft.model.tokenize(text, add_special=True, parse_special=False) or \
+        [max(0, engine.draft.model.bos)]
 
 
 def _probe_head(head, ctx_tokens: Sequence[int], n: int, warm: bool) -> dict[str, float]:
