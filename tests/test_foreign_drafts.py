@@ -9,8 +9,6 @@ ALPHA = 0.001 with fixed seeds (deterministic); the expected laws come from the 
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -18,7 +16,7 @@ from cactus_gguf.llama import Context
 from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams, reference
 from cactus_gguf.speculative import VocabMismatchError
 from cactus_gguf.speculative.foreign import Translator, vocab_info
-from support.harness import assert_one_line_error, ctx, make_engine, run_cli
+from support.harness import assert_one_line_error, bench_cli, ctx, make_engine, run_cli
 from support.tiny_gguf import WORDS, write_llama
 from test_decoding import ALPHA, chisquare_pvalue
 
@@ -272,12 +270,7 @@ def test_bench_and_the_cost_probe_run_a_foreign_pair(models, tmp_path, monkeypat
     prompt with its own tokenizer (both used the verifier's ids: the foreign draft failed to
     decode them, or the draft configuration was refused naming the wrong vocabulary)."""
     monkeypatch.setenv("CACTUS_GGUF_CACHE", str(tmp_path / "cache"))
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "def f(a): the cat sat on"}\n')
-    r = run_cli("bench", models["ver"], models["foreign"], "--prompts", prompts, "-n", "8",
-                "--configs", "none,sps,draft", "-k", "2,auto", "-c", "256", "-t", "1",
-                "-o", tmp_path / "out", timeout=300)
-    assert r.returncode == 0, r.stderr
-    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    report = bench_cli(tmp_path, models["ver"], models["foreign"], "-n", "8", "--configs",
+                       "none,sps,draft", "-k", "2,auto", prompts=["def f(a): the cat sat on"])
     assert {row["config"] for row in report["runs"]} == {"none", "sps-k2", "sps-kauto", "draft"}
     assert report["forward_ms"]["before"]["draft"]["1"] > 0

@@ -16,9 +16,8 @@ import pytest
 
 from cactus_gguf.llama import Context, ContextOptions, ModelLoadError, ModelOptions, nextn
 from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams, reference
-from cactus_gguf.speculative.mtp import MtpHead
 
-from support.harness import assert_one_line_error, make_engine, run_cli
+from support.harness import assert_one_line_error, bench_cli, make_engine, run_cli
 from support.server import LiveServer, client
 from support.tiny_gguf import write_llama, write_qwen35
 from test_decoding import ALPHA, chisquare_pvalue
@@ -167,14 +166,8 @@ def test_run_with_the_mtp_drafter(models):
 
 
 def test_bench_runs_mtp_beside_none(models, tmp_path):
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "the cat sat on"}\n{"prompt": "hello"}\n')
-    r = run_cli("bench", models["mimic"], "--prompts", prompts, "-n", "16",
-                "--configs", "none,mtp-sps,mtp", "-k", "4", "-c", "256", "-t", "1",
-                "-o", tmp_path / "out", timeout=300)
-    assert r.returncode == 0, r.stderr
-    report = json.loads((tmp_path / "out" / "bench.json").read_text())
-    runs = report["runs"]
+    runs = bench_cli(tmp_path, models["mimic"], "-n", "16", "--configs", "none,mtp-sps,mtp",
+                     "-k", "4")["runs"]
     assert {row["config"] for row in runs} == {"none", "mtp-sps-k4", "mtp-k4"}
     assert sum(row["n_accepted"] for row in runs if row["config"] != "none") > 0
 

@@ -17,7 +17,8 @@ import pytest
 from cactus_gguf.llama import Context
 from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams, reference
 
-from support.harness import KvShadow, StepLog, assert_greedy_equal, ctx, make_engine, run_cli
+from support.harness import (KvShadow, StepLog, assert_greedy_equal, bench_cli, ctx, make_engine,
+                             run_cli)
 from support.server import LiveServer, client
 from support.tiny_gguf import CHAT_TEMPLATE, write_lfm2, write_llama, write_nemotron_h, write_qwen35
 from test_recurrent import TOL, error_after
@@ -191,13 +192,8 @@ def test_run_drafts_with_a_hybrid_pair_and_prints_the_verifiers_tokens(models, a
 
 
 def test_bench_runs_a_hybrid_pair(models, tmp_path):
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "the cat sat on"}\n{"prompt": "hello"}\n')
-    r = run_cli("bench", models["lfm2"], models["lfm2-draft"], "--prompts", prompts, "-n", "16",
-                "--configs", "none,sps,cactus", "-k", "4", "-c", "256", "-t", "1",
-                "-o", tmp_path / "out", timeout=300)
-    assert r.returncode == 0, r.stderr
-    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    report = bench_cli(tmp_path, models["lfm2"], models["lfm2-draft"], "-n", "16",
+                       "--configs", "none,sps,cactus", "-k", "4")
     assert {row["config"] for row in report["runs"]} == {"none", "sps-k4", "cactus-d0.5-k4",
                                                          "cactus-d1-k4", "cactus-d2-k4"}
 

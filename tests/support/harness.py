@@ -173,6 +173,19 @@ def run_cli(*args: str, timeout: float = 120, stdin: str | None = None) -> subpr
                           input=stdin)
 
 
+def bench_cli(out_dir: Path, *args, prompts: Sequence[str] = ("the cat sat on", "hello")) -> dict:
+    """``cactus-gguf bench *args`` on free ``prompts`` (a JSONL file written in ``out_dir``), one
+    thread, -c 256; its bench.json. Fails the test on a non-zero exit."""
+    import json
+
+    path = Path(out_dir) / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts), encoding="utf-8")
+    r = run_cli("bench", *args, "--prompts", path, "-c", "256", "-t", "1", "-o",
+                Path(out_dir) / "out", timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads((Path(out_dir) / "out" / "bench.json").read_text(encoding="utf-8"))
+
+
 def assert_one_line_error(r: subprocess.CompletedProcess, *fragments: str) -> str:
     """Exit code != 0, stderr exactly one line 'cactus-gguf: error: ...', no traceback; returns it."""
     assert r.returncode not in (0, None), (r.returncode, r.stdout, r.stderr)
