@@ -181,7 +181,7 @@ class Context:
         self._make_batch()
         #: the warm-up this context made (module docstring; None off lavapipe)
         self.warmup: WarmupPlan | None = None
-        if options.flash_attn != "off" and on_lavapipe(model.placement):
+        if options.flash_attn != "off" and not options.mtp and on_lavapipe(model.placement):
             self._warm_up()
 
     def _warm_up(self) -> None:
