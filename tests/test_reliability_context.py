@@ -152,3 +152,17 @@ def test_decode_returns_the_right_rows_when_the_batch_is_chunked(models):
             got = np.array(m.decode(toks, min(5, n_batch)))
             np.testing.assert_allclose(got, want[-got.shape[0]:], atol=1e-3)
             assert m.n_past == 10 and m.kv_pos_max() == 9
+
+
+def test_llama_log_captures_nest():
+    """A capture inside another (a model load inside a caller's capture): each gets the lines of
+    its own block, and leaving the inner one leaves the outer one in place (it removed the outer
+    list when both held equal lines)."""
+    from cactus_gguf.llama import log
+
+    with log.capture() as outer:
+        with log.capture() as inner:
+            log._log_message(2, b"one\n", None)
+        log._log_message(2, b"two\n", None)
+    assert (outer, inner) == (["one", "two"], ["one"])
+    assert log._captures == []

@@ -92,8 +92,8 @@ def capture():
     _captures.append(lines)
     try:
         yield lines
-    finally:
-        _captures.remove(lines)
+    finally:  # by identity: an enclosing capture may hold equal lines (remove() compares them)
+        del _captures[next(i for i, c in enumerate(_captures) if c is lines)]
 
 
 def clear_errors() -> None:
