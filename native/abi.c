@@ -1,7 +1,7 @@
 /*
  * abi.c - what a caller allocates and checks: the workspace (its size and how it is carved into
  * typed regions; the layout is in cg_internal.h), the probability-row check every entry point
- * shares, and the sizes of the public structs.
+ * shares, the status names and the layout of the public structs (field offsets and sizes).
  */
 #include "cg_internal.h"
 
@@ -50,15 +50,77 @@ cg_status cgi_check_prob_row(const float *p, int32_t n)
     return (bad || !any_positive) ? CG_ERR_BAD_DISTRIBUTION : CG_OK;
 }
 
-int32_t cg_abi_sizes(int64_t *sizes, int32_t n)
+const char *cg_status_name(int32_t status)
 {
-    const int64_t all[CG_ABI_N_SIZES] = {
-        (int64_t)sizeof(cg_sampler_params), (int64_t)sizeof(cg_accept_params),
-        (int64_t)sizeof(cg_rng),            (int64_t)sizeof(cg_step_result),
-        (int64_t)sizeof(cg_law),
+    static const char *const names[] = {
+        [CG_OK] = "ok",
+        [CG_ERR_BAD_ARGUMENT] = "bad_argument",
+        [CG_ERR_NONFINITE_LOGITS] = "nonfinite_logits",
+        [CG_ERR_BAD_DISTRIBUTION] = "bad_distribution",
+        [CG_ERR_EMPTY_MASK] = "empty_mask",
     };
-    for (int32_t i = 0; sizes && i < n && i < CG_ABI_N_SIZES; ++i) {
-        sizes[i] = all[i];
+    _Static_assert(sizeof names / sizeof names[0] == CG_STATUS_COUNT, "one name per cg_status");
+    return status >= 0 && status < CG_STATUS_COUNT ? names[status] : NULL;
+}
+
+typedef struct {
+    const char *name; /* "struct" or "struct.field" */
+    int64_t offset;   /* offsetof the field; 0 for a struct */
+    int64_t size;     /* sizeof the field or the struct */
+} abi_row;
+
+#define STRUCT_ROW(type) {#type, 0, (int64_t)sizeof(type)}
+#define FIELD_ROW(type, field) \
+    {#type "." #field, (int64_t)offsetof(type, field), (int64_t)sizeof(((type *)0)->field)}
+
+/* Every public struct and each of its fields, in declaration order (cactus_native.h). A field
+ * added to a struct goes here too: a binding whose mirror has it refuses a table that lacks it. */
+static const abi_row ABI_LAYOUT[] = {
+    STRUCT_ROW(cg_sampler_params),
+    FIELD_ROW(cg_sampler_params, temperature),
+    FIELD_ROW(cg_sampler_params, top_k),
+    FIELD_ROW(cg_sampler_params, top_p),
+    FIELD_ROW(cg_sampler_params, min_p),
+    STRUCT_ROW(cg_accept_params),
+    FIELD_ROW(cg_accept_params, method),
+    FIELD_ROW(cg_accept_params, solver),
+    FIELD_ROW(cg_accept_params, delta),
+    FIELD_ROW(cg_accept_params, typical_epsilon),
+    FIELD_ROW(cg_accept_params, typical_alpha),
+    FIELD_ROW(cg_accept_params, accept_top_k),
+    FIELD_ROW(cg_accept_params, budget),
+    FIELD_ROW(cg_accept_params, output_kl),
+    FIELD_ROW(cg_accept_params, ears_alpha),
+    FIELD_ROW(cg_accept_params, top_gap),
+    FIELD_ROW(cg_accept_params, end_tau),
+    FIELD_ROW(cg_accept_params, end_mask),
+    STRUCT_ROW(cg_rng),
+    FIELD_ROW(cg_rng, s),
+    STRUCT_ROW(cg_step_result),
+    FIELD_ROW(cg_step_result, n_accepted),
+    FIELD_ROW(cg_step_result, next_token),
+    FIELD_ROW(cg_step_result, n_evaluated),
+    FIELD_ROW(cg_step_result, kl_sum),
+    FIELD_ROW(cg_step_result, kl_max),
+    FIELD_ROW(cg_step_result, output_kl_sum),
+    FIELD_ROW(cg_step_result, output_kl_max),
+    FIELD_ROW(cg_step_result, delta_sum),
+    STRUCT_ROW(cg_law),
+    FIELD_ROW(cg_law, kl),
+    FIELD_ROW(cg_law, acceptance),
+    FIELD_ROW(cg_law, delta),
+};
+
+const char *cg_abi_field(int32_t i, int64_t *offset, int64_t *size)
+{
+    if (i < 0 || (size_t)i >= sizeof ABI_LAYOUT / sizeof ABI_LAYOUT[0]) {
+        return NULL;
     }
-    return CG_ABI_N_SIZES;
+    if (offset) {
+        *offset = ABI_LAYOUT[i].offset;
+    }
+    if (size) {
+        *size = ABI_LAYOUT[i].size;
+    }
+    return ABI_LAYOUT[i].name;
 }

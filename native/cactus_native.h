@@ -36,7 +36,8 @@
  * cg_status (or a documented value); the Python facade maps each code to a specific exception.
  * Randomness comes only from the cg_rng passed in, so the same seed gives the same trace.
  * Enum values are defined here and only here: callers ask the library for a name's value
- * (cg_method_name, cg_solver_name, cg_budget_name) and check the struct sizes (cg_abi_sizes).
+ * (cg_status_name, cg_method_name, cg_solver_name, cg_budget_name) and check their mirrors of the
+ * structs field by field (cg_abi_field).
  */
 #ifndef CACTUS_NATIVE_H
 #define CACTUS_NATIVE_H
@@ -68,6 +69,7 @@ typedef enum {
     CG_ERR_NONFINITE_LOGITS = 2, /* a NaN or +inf logit (masked or not), or every logit -inf */
     CG_ERR_BAD_DISTRIBUTION = 3, /* a probability row that is negative, NaN, or sums to 0 */
     CG_ERR_EMPTY_MASK = 4,       /* an allowed-token mask leaves no finite logit in a row */
+    CG_STATUS_COUNT              /* not a status: the number of codes (new ones go above) */
 } cg_status;
 
 typedef enum {
@@ -286,22 +288,27 @@ CG_API cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens
 CG_API cg_status cg_emitted_law(const float *p, int32_t token, const float *q, int32_t n_vocab,
                                 const cg_accept_params *ap, float *work, double *law, cg_law *out);
 
-/* What the library is, for a caller that binds it at run time (ctypes): enum names, struct sizes.
+/* What the library is, for a caller that binds it at run time (ctypes): enum names, struct layouts.
  *
- * The option name of each enum value ("sps", "cactus", "typical", "topk", "greedy"; "taylor",
- * "exact"; "target", "output"), or NULL for a value outside [0, CG_*_COUNT). A binding maps names
- * to values by asking for 0, 1, ... until NULL, so it never depends on the order of a list of its
- * own. Static strings: never freed, never written. */
+ * The name of each enum value, or NULL for a value outside [0, CG_*_COUNT): statuses ("ok",
+ * "bad_argument", "nonfinite_logits", "bad_distribution", "empty_mask": CG_OK, CG_ERR_* in lower
+ * case) and the option names of the others ("sps", "cactus", "typical", "topk", "greedy", "ears";
+ * "taylor", "exact"; "target", "output"). A binding maps names to values by asking for 0, 1, ...
+ * until NULL, so it never depends on the order of a list of its own. Static strings: never freed,
+ * never written. */
+CG_API const char *cg_status_name(int32_t status);
 CG_API const char *cg_method_name(int32_t method);
 CG_API const char *cg_solver_name(int32_t solver);
 CG_API const char *cg_budget_name(int32_t budget);
 
-/* The size in bytes of each public struct, in this order: cg_sampler_params, cg_accept_params,
- * cg_rng, cg_step_result, cg_law. Writes the first min(n, CG_ABI_N_SIZES) of them to sizes
- * (int64 [n]; NULL or n <= 0: none) and returns CG_ABI_N_SIZES, so a binding can check its
- * mirrors of the structs before it passes one. */
-#define CG_ABI_N_SIZES 5
-CG_API int32_t cg_abi_sizes(int64_t *sizes, int32_t n);
+/* The layout of the public structs, one row per call: row i is a struct ("cg_law": offset 0, its
+ * sizeof) or one of its fields ("cg_law.kl": its offsetof and sizeof), every struct followed by its
+ * fields in declaration order (cg_sampler_params, cg_accept_params, cg_rng, cg_step_result,
+ * cg_law); NULL past the last row (i < 0 too). offset, size: out (NULL: not wanted; untouched
+ * when NULL is returned). A binding asks for rows 0, 1, ... until NULL and compares each with its
+ * mirror of the struct before it passes one: a field that moved (two fields of one size swapped)
+ * is caught, not only a size that changed. Static strings. */
+CG_API const char *cg_abi_field(int32_t i, int64_t *offset, int64_t *size);
 
 #ifdef __cplusplus
 }

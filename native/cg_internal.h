@@ -3,7 +3,7 @@
  * cactus_native.h, which defines V, k, p, q, h, drafted / accepted / residual / bonus and AL).
  *
  *   rng.c     xoshiro256** seeded by splitmix64
- *   abi.c     workspace size and carving, probability-row checks, struct sizes
+ *   abi.c     workspace size and carving, probability-row checks, status names, struct layouts
  *   select.c  O(V) radix selection of a prefix of the order (value desc, token id asc)
  *   warp.c    top-k -> top-p -> min-p -> temperature (llama.cpp's default order), masks
  *   sample.c  weight lists and the one inverse-CDF draw (last-index guard)

@@ -1,5 +1,6 @@
-"""The boundary between Python and the native helper: enum values come from the library (and its
-header), struct mirrors are checked against the library's sizes, C structs are filled by name.
+"""The boundary between Python and the native helper: enum values (statuses included) come from
+the library (and its header), struct mirrors are checked against the library's layout field by
+field (offset and size of each), C structs are filled by name.
 
 A stale or foreign build must fail at import with one line saying how to rebuild, never run with
 Python and C disagreeing on what a number or a byte means.
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cactus_gguf import options
-from cactus_gguf.sampling import AcceptanceParams, SamplingParams, _clib, native
+from cactus_gguf.sampling import AcceptanceParams, SamplingParams, _clib, errors, native
 
 HEADER = Path(__file__).resolve().parents[1] / "native" / "cactus_native.h"
 
@@ -39,26 +40,113 @@ def test_enum_values_are_the_headers_not_a_tuple_order(prefix, values, wanted):
     assert name_of(-1) is None and name_of(len(values)) is None
 
 
-def test_struct_mirrors_match_the_library():
-    sizes = (ctypes.c_int64 * 8)()
-    n = _clib._lib.cg_abi_sizes(ctypes.addressof(sizes), 8)
-    assert n == len(_clib._ABI_STRUCTS) == 5
-    assert list(sizes[:n]) == [ctypes.sizeof(m) for _, m in _clib._ABI_STRUCTS]
-    assert list(sizes[n:]) == [0, 0, 0]  # nothing written past what it reports
-    assert _clib._lib.cg_abi_sizes(None, 5) == 5
+def header_statuses() -> dict[str, int]:
+    """``CG_OK = 0`` and the ``CG_ERR_NAME = value`` entries of the header, as {"name": value}."""
+    text = HEADER.read_text()
+    found = {m.group(1).lower(): int(m.group(2))
+             for m in re.finditer(r"\bCG_ERR_([A-Z_]+) = (\d+)", text)}
+    return {"ok": int(re.search(r"\bCG_OK = (\d+)", text).group(1)), **found}
+
+
+def test_status_codes_are_the_headers_and_each_has_its_exception():
+    assert errors.STATUS_VALUES == header_statuses()
+    assert errors.CG_OK == 0
+    name_of = _clib._lib.cg_status_name
+    name_of.restype, name_of.argtypes = ctypes.c_char_p, [ctypes.c_int32]
+    assert name_of(-1) is None and name_of(len(errors.STATUS_VALUES)) is None
+    expected = {"bad_argument": native.NativeArgumentError,
+                "nonfinite_logits": native.NonFiniteLogitsError,
+                "bad_distribution": native.BadDistributionError,
+                "empty_mask": native.EmptyMaskError}
+    for name, cls in expected.items():
+        with pytest.raises(cls, match=r"^cg_x: "):
+            errors.raise_status(header_statuses()[name], "cg_x")
+    with pytest.raises(native.NativeError, match="unknown status 99"):
+        errors.raise_status(99, "cg_x")
+
+
+def test_a_status_without_an_exception_is_an_import_error(monkeypatch):
+    monkeypatch.setattr(errors, "_ERRORS", {k: v for k, v in errors._ERRORS.items()
+                                            if k != "empty_mask"})
+    with pytest.raises(ImportError, match=r"has status empty_mask, which this package has no "
+                                          r"exception for; .*pip install \."):
+        errors._status_values()
+
+
+def header_fields() -> dict[str, list[str]]:
+    """The fields of each public struct of the header, in declaration order."""
+    text = HEADER.read_text()
+    out = {}
+    for body, name in re.findall(r"typedef struct \{(.*?)\} (cg_\w+);", text, re.S):
+        body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+        out[name] = re.findall(r"(\w+)(?:\[\d+\])?;", body)
+    return out
+
+
+def test_struct_mirrors_match_the_library_field_by_field():
+    lib = _clib._library_layout()
+    assert lib == _clib._mirror_layout(_clib._ABI_STRUCTS)
+    # the library's table lists every field of the header, in its order, each after its struct
+    rows = list(lib)
+    expected = [row for struct, fields in header_fields().items()
+                for row in [struct, *(f"{struct}.{f}" for f in fields)]]
+    assert rows == expected
+    assert lib["cg_accept_params.end_mask"][1] == ctypes.sizeof(ctypes.c_void_p)
+    abi_field = _clib._lib.cg_abi_field
+    assert abi_field(-1, None, None) is None and abi_field(len(rows), None, None) is None
+    assert abi_field(0, None, None) == b"cg_sampler_params"  # NULL outs: the name alone
+
+
+def mirrors_with(c_name: str, mirror) -> tuple:
+    return tuple((name, mirror if name == c_name else m) for name, m in _clib._ABI_STRUCTS)
 
 
 def test_a_struct_size_mismatch_is_a_one_line_import_error(monkeypatch):
     class ShortLaw(ctypes.Structure):
         _fields_ = [("kl", ctypes.c_double), ("acceptance", ctypes.c_double)]
 
-    broken = tuple((name, ShortLaw if name == "cg_law" else m) for name, m in _clib._ABI_STRUCTS)
-    monkeypatch.setattr(_clib, "_ABI_STRUCTS", broken)
+    monkeypatch.setattr(_clib, "_ABI_STRUCTS", mirrors_with("cg_law", ShortLaw))
     with pytest.raises(ImportError) as err:
         _clib._check_abi()
     msg = str(err.value)
     assert "\n" not in msg and "cg_law is 24 bytes in C and 16 in Python" in msg
+    assert "cg_law.delta is in C, not in the Python mirror" in msg
     assert "pip install ." in msg
+
+
+@pytest.mark.parametrize("c_name,mirror,swapped", [
+    ("cg_sampler_params", _clib._SamplerParamsC, ("top_p", "min_p")),         # two floats
+    ("cg_accept_params", _clib._AcceptParamsC, ("delta", "typical_epsilon")),  # two doubles
+    ("cg_step_result", _clib._StepResultC, ("n_accepted", "next_token")),      # two int32
+])
+def test_a_mirror_with_two_fields_of_one_size_swapped_is_refused(monkeypatch, c_name, mirror,
+                                                                  swapped):
+    fields = list(mirror._fields_)
+    i, j = (next(n for n, f in enumerate(fields) if f[0] == name) for name in swapped)
+    fields[i], fields[j] = fields[j], fields[i]
+    reordered = type("Reordered", (ctypes.Structure,), {"_fields_": fields})
+    assert ctypes.sizeof(reordered) == ctypes.sizeof(mirror)  # a size check alone would pass
+    monkeypatch.setattr(_clib, "_ABI_STRUCTS", mirrors_with(c_name, reordered))
+    with pytest.raises(ImportError) as err:
+        _clib._check_abi()
+    msg = str(err.value)
+    lib = _clib._library_layout()
+    a, b = (f"{c_name}.{name}" for name in swapped)
+    assert "\n" not in msg and msg.count(" in C and at byte ") == 2
+    assert (f"{a} is at byte {lib[a][0]} ({lib[a][1]} bytes) in C and at byte {lib[b][0]} "
+            f"({lib[b][1]} bytes) in Python") in msg
+    assert "pip install ." in msg
+
+
+def test_a_renamed_field_is_refused(monkeypatch):
+    class Renamed(ctypes.Structure):
+        _fields_ = [("kl", ctypes.c_double), ("accept", ctypes.c_double),
+                    ("delta", ctypes.c_double)]
+
+    monkeypatch.setattr(_clib, "_ABI_STRUCTS", mirrors_with("cg_law", Renamed))
+    with pytest.raises(ImportError, match=r"cg_law.acceptance is in C, not in the Python mirror; "
+                                          r"cg_law.accept is in the Python mirror, not in C"):
+        _clib._check_abi()
 
 
 def test_an_older_library_is_an_import_error_naming_the_fix():

@@ -1,10 +1,12 @@
 """The native helper's shared library and its C ABI as ctypes (mirrors of native/cactus_native.h):
 the parameter and result structs, every bound entry point, and the enum values by name.
 
-At import the library is checked against this module: the size of every public struct
-(``cg_abi_sizes``) must equal its mirror's, and every acceptance method, solver and budget the
-options offer must have a value in the library (``cg_method_name`` and friends). Either mismatch
-means a stale build and raises ImportError saying how to rebuild.
+At import the library is checked against this module: every public struct and each of its fields
+must have the size and offset in its mirror that the library was compiled with (``cg_abi_field``,
+compared with the ctypes ``Structure`` fields, so two fields of one size swapped are caught), and
+every acceptance method, solver and budget the options offer must have a value in the library
+(``cg_method_name`` and friends). Either mismatch means a stale build and raises ImportError
+saying how to rebuild. Status codes are looked up by name the same way (errors.py).
 """
 from __future__ import annotations
 
@@ -93,7 +95,7 @@ class _LawC(ctypes.Structure):
     ]
 
 
-# the order of cg_abi_sizes (cactus_native.h)
+# every struct the library passes, with its C name (cg_abi_field's rows)
 _ABI_STRUCTS = (("cg_sampler_params", _SamplerParamsC), ("cg_accept_params", _AcceptParamsC),
                 ("cg_rng", _RngC), ("cg_step_result", _StepResultC), ("cg_law", _LawC))
 
@@ -113,18 +115,48 @@ def _bind(name: str, restype, argtypes):
     return fn
 
 
+def _library_layout() -> dict[str, tuple[int, int]]:
+    """{"cg_law": (0, sizeof), "cg_law.kl": (offsetof, sizeof), ...}: the library's own account
+    of its structs (cg_abi_field(0), (1), ... until NULL)."""
+    abi_field = _bind("cg_abi_field", ctypes.c_char_p, [_i32, _P, _P])
+    offset, size = ctypes.c_int64(), ctypes.c_int64()
+    layout = {}
+    while (name := abi_field(len(layout), ctypes.addressof(offset),
+                             ctypes.addressof(size))) is not None:
+        layout[name.decode("ascii")] = (offset.value, size.value)
+    return layout
+
+
+def _mirror_layout(structs) -> dict[str, tuple[int, int]]:
+    """The same rows for ctypes mirrors ``((C name, Structure), ...)``: each field's offset and
+    size as ctypes lays it out."""
+    layout = {}
+    for c_name, mirror in structs:
+        layout[c_name] = (0, ctypes.sizeof(mirror))
+        for field, *_ in mirror._fields_:
+            desc = getattr(mirror, field)
+            layout[f"{c_name}.{field}"] = (desc.offset, desc.size)
+    return layout
+
+
 def _check_abi() -> None:
-    """Every struct mirror has the size the library was compiled with."""
-    abi_sizes = _bind("cg_abi_sizes", _i32, [_P, _i32])
-    sizes = (ctypes.c_int64 * len(_ABI_STRUCTS))()
-    n = abi_sizes(ctypes.addressof(sizes), len(_ABI_STRUCTS))
-    if n != len(_ABI_STRUCTS):
-        raise ImportError(f"native helper {_lib._name} describes {n} structs, this package "
-                          f"{len(_ABI_STRUCTS)}; {_REBUILD}")
-    for (name, mirror), size in zip(_ABI_STRUCTS, sizes):
-        if size != ctypes.sizeof(mirror):
-            raise ImportError(f"native helper {_lib._name}: {name} is {size} bytes in C and "
-                              f"{ctypes.sizeof(mirror)} in Python; {_REBUILD}")
+    """Every struct mirror has the size, and every field the offset and size, the library was
+    compiled with; the same fields on both sides. Raises one ImportError naming every mismatch."""
+    lib, mirror = _library_layout(), _mirror_layout(_ABI_STRUCTS)
+    wrong = []
+    for name in dict.fromkeys([*lib, *mirror]):
+        if name not in mirror:
+            wrong.append(f"{name} is in C, not in the Python mirror")
+        elif name not in lib:
+            wrong.append(f"{name} is in the Python mirror, not in C")
+        elif "." not in name and lib[name] != mirror[name]:
+            wrong.append(f"{name} is {lib[name][1]} bytes in C and {mirror[name][1]} in Python")
+        elif lib[name] != mirror[name]:
+            wrong.append(f"{name} is at byte {lib[name][0]} ({lib[name][1]} bytes) in C and at "
+                         f"byte {mirror[name][0]} ({mirror[name][1]} bytes) in Python")
+    if wrong:
+        raise ImportError(f"native helper {_lib._name} and its Python mirror disagree: "
+                          f"{'; '.join(wrong)}; {_REBUILD}")
 
 
 def _enum_values(c_name: str, wanted: tuple[str, ...]) -> dict[str, int]:
