@@ -5,7 +5,9 @@
 
 1. **Build**: llama.cpp from the llama-cpp-python sdist's vendored source with the backend's CMake
    flag (tests/support/llama_build.py; cached per backend, version and flags in
-   ~/.cache/cactus-gguf/gpu-build), then this script runs again on it (``LLAMA_CPP_LIB_PATH``).
+   ~/.cache/cactus-gguf/gpu-build), then this script runs again on it (``LLAMA_CPP_LIB_PATH``;
+   for Vulkan also ``CACTUS_GGUF_LAVAPIPE_WARMUP=1``, which gpu_check.sh sets too: contexts on
+   Mesa's lavapipe make the warm-up that keeps the driver alive, cactus_gguf/llama/lavapipe.py).
 2. **Devices**: ``cactus-gguf run --list-devices -ngl 99 -ngld 99``, and where each model's layers
    went once loaded with every layer offloaded (``-ngl 99 -ngld 99``).
 3. **Greedy equivalence**: on each prompt, SpS and Cactus (temperature 0) give the tokens of the

@@ -14,7 +14,10 @@
 # Intel GPUs or Mesa's lavapipe), VERIFIER and DRAFT (GGUF paths; default: the default pair from
 # ~/.cache/cactus-gguf), PROMPTS (4), N_PREDICT (64), CTX (n_ctx, -c; 2048), REPEATS (timed
 # decodes per probed batch size; 5), THREADS (CPU threads, -t; default: all cores), PYTHON
-# (python3).
+# (python3), CACTUS_GGUF_LAVAPIPE_WARMUP (set to 1 here with BACKEND=vulkan; 0 for none).
+# On Mesa's lavapipe (a software Vulkan device) each context must first make a warm-up without
+# which the driver crashes (cactus_gguf/llama/lavapipe.py); cactus-gguf makes it only when this
+# variable asks, and only for contexts whose layers are on lavapipe: a real GPU makes none.
 # Steps (benchmarks/gpu_check.py): build llama.cpp with the backend (cached), --list-devices,
 # greedy SpS / Cactus equal to the verifier alone with -ngl 99 -ngld 99, the cost probe (verifier
 # 1 ... 17 tokens, draft 1 token), a small bench (none, sps, the default rule). Exit code 1 when a
@@ -42,5 +45,8 @@ args=(--backend "${BACKEND:-cuda}" -o "$out" --prompts "${PROMPTS:-4}" -n "${N_P
 [ -n "${THREADS:-}" ] && args+=(-t "$THREADS")
 [ -n "${VERIFIER:-}" ] && args+=(-m "$VERIFIER")
 [ -n "${DRAFT:-}" ] && args+=(-md "$DRAFT")
+if [ "${BACKEND:-cuda}" = vulkan ]; then
+    export CACTUS_GGUF_LAVAPIPE_WARMUP=${CACTUS_GGUF_LAVAPIPE_WARMUP:-1}
+fi
 cd "$out"  # the installed package, not the checkout's sources, when WHEELS was given
 exec "$python" "$repo/benchmarks/gpu_check.py" "${args[@]}"

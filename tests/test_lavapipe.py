@@ -1,16 +1,30 @@
-"""The lavapipe warm-up plan (cactus_gguf/llama/lavapipe.py): ggml-vulkan's split-k scratch for one
-flash-attention call, and the cheapest warm-up whose one request is the largest a context makes.
+"""The lavapipe warm-up (cactus_gguf/llama/lavapipe.py): ggml-vulkan's split-k scratch for one
+flash-attention call, the cheapest warm-up whose one request is the largest a context makes, and
+when a context makes it: only when ``CACTUS_GGUF_LAVAPIPE_WARMUP=1`` asks for it, on the llama.cpp
+it mirrors, with the model's layers on lavapipe.
 
 The expected bytes were observed on lavapipe with the pinned llama.cpp built for Vulkan
 (``GGML_VK_MEMORY_LOGGER=1`` prints every ``split_k_size`` request), one fresh context per case:
-a prompt of P tokens, then a batch of N rows. tests/test_vulkan.py checks the plan on the device.
+a prompt of P tokens, then a batch of N rows. tests/test_vulkan.py checks the plan on the device
+(its build's environment asks for the warm-up: tests/support/llama_build.py). The opt-in tests
+below run the tiny model on the CPU with every device described as lavapipe, so detection alone
+says "lavapipe".
 """
 from __future__ import annotations
 
+from pathlib import Path
+
+import llama_cpp
 import pytest
 
-from cactus_gguf.llama.lavapipe import (KV_PAD, AttentionShape, WarmupPlan, prompt_chunks,
-                                        split_k_scratch, warmup_plan)
+from cactus_gguf.llama import lavapipe, placement
+from cactus_gguf.llama.context import Context, ContextOptions, DecodeError
+from cactus_gguf.llama.lavapipe import (KV_PAD, WARMUP_ENV, WarmupFailedError, WarmupPlan,
+                                        WarmupRefusedError, check_llama_cpp, prompt_chunks,
+                                        split_k_scratch, warmup_plan, warmup_requested)
+from cactus_gguf.llama.model import AttentionShape
+from cactus_gguf.llama.placement import LayerPlacement, on_lavapipe
+from support.llama_build import GpuBuild
 
 TINY = AttentionShape(4, 4, 16, 16)          # tests/support/tiny_gguf.py: no grouped-query heads
 QWEN_0_5B = AttentionShape(14, 2, 64, 64)    # qwen2.5-coder-0.5b-instruct
@@ -84,3 +98,139 @@ def test_the_plan_asks_first_for_the_most_any_decode_asks(shape, n_ctx, n_batch)
             assert 0 < m <= n_batch and split_k_scratch(m, min(n_ctx, n_kv(done)), shape) == 0
     else:
         assert plan == WarmupPlan((), 0, 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Only when asked for
+# ------------------------------------------------------------------------------------------------
+
+LAVAPIPE = "llvmpipe (LLVM 15.0.6, 256 bits)"  # how lavapipe describes itself to ggml
+CTX = ContextOptions(n_ctx=512, n_threads=1)
+
+
+@pytest.fixture
+def lavapipe_everywhere(monkeypatch):
+    """Every device of this process (the CPU the tiny model loads on) describes itself as
+    lavapipe: device detection alone says the model runs there."""
+    monkeypatch.setattr(placement, "_dev_description", lambda dev: LAVAPIPE)
+
+
+@pytest.fixture
+def decodes(monkeypatch) -> list[int]:
+    """The batch sizes of every Context.decode from here on."""
+    seen: list[int] = []
+    decode = Context.decode
+
+    def counting(self, tokens, *args, **kwargs):
+        seen.append(len(tokens))
+        return decode(self, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(Context, "decode", counting)
+    return seen
+
+
+@pytest.fixture
+def closes(monkeypatch) -> list[Context]:
+    """Every context closed from here on."""
+    closed: list[Context] = []
+    close = Context.close
+
+    def recording(self):
+        closed.append(self)
+        close(self)
+
+    monkeypatch.setattr(Context, "close", recording)
+    return closed
+
+
+@pytest.mark.parametrize("value", [None, "", "0"])
+def test_no_warm_up_unless_asked_even_on_lavapipe(tiny_pair, lavapipe_everywhere, decodes,
+                                                  monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv(WARMUP_ENV, raising=False)
+    else:
+        monkeypatch.setenv(WARMUP_ENV, value)
+    with Context.load(tiny_pair[0], context_options=CTX) as ctx:
+        assert on_lavapipe(ctx.model.placement)  # detection says lavapipe ...
+        assert ctx.warmup is None and decodes == []  # ... and nothing is decoded
+
+
+def test_asked_for_on_lavapipe_the_context_decodes_its_plan(tiny_pair, lavapipe_everywhere,
+                                                            decodes, monkeypatch):
+    monkeypatch.setenv(WARMUP_ENV, "1")
+    with Context.load(tiny_pair[0], context_options=CTX) as ctx:
+        plan = warmup_plan(ctx.model.attention_shape, ctx.n_ctx, ctx.n_batch)
+        assert plan.rows > 0 and ctx.warmup == plan
+        assert decodes == [*plan.chunks, plan.rows]
+        assert ctx.n_past == 0 and ctx.tokens == []  # the cache is cleared after it
+
+
+def test_asked_for_off_lavapipe_no_warm_up(tiny_pair, decodes, monkeypatch):
+    monkeypatch.setenv(WARMUP_ENV, "1")
+    with Context.load(tiny_pair[0], context_options=CTX) as ctx:
+        assert not on_lavapipe(ctx.model.placement)
+        assert ctx.warmup is None and decodes == []
+
+
+def test_a_lavapipe_device_the_model_does_not_use_does_not_count(monkeypatch):
+    names = {1: "CPU", 2: "Vulkan0", 3: "Vulkan1"}
+    described = {1: "AMD EPYC", 2: "AMD Radeon RX 7900 XTX (RADV NAVI31)", 3: LAVAPIPE}
+    monkeypatch.setattr(placement.devices, "_all_devices", lambda: list(names))
+    monkeypatch.setattr(placement, "_dev_name", names.__getitem__)
+    monkeypatch.setattr(placement, "_dev_description", described.__getitem__)
+    assert not on_lavapipe(LayerPlacement(("Vulkan0",) * 3))  # the real GPU, lavapipe beside it
+    assert not on_lavapipe(LayerPlacement(("CPU",) * 3))
+    assert on_lavapipe(LayerPlacement(("Vulkan0", "Vulkan1", "CPU")))
+
+
+def test_the_variable_is_1_or_0():
+    assert not warmup_requested({}) and not warmup_requested({WARMUP_ENV: ""})
+    assert not warmup_requested({WARMUP_ENV: "0"}) and warmup_requested({WARMUP_ENV: "1"})
+    with pytest.raises(WarmupRefusedError, match=rf"^{WARMUP_ENV}='yes': set it to 1"):
+        warmup_requested({WARMUP_ENV: "yes"})
+
+
+def test_the_pinned_llama_cpp_is_the_one_the_warm_up_mirrors():
+    assert llama_cpp.__version__ == lavapipe.MIRRORED_LLAMA_CPP_PYTHON
+    assert lavapipe.ggml_commit().split("-")[0] == lavapipe.MIRRORED_GGML_COMMIT
+    check_llama_cpp()
+    check_llama_cpp("0c1e570-dirty")  # the sdist's git metadata; dirty once built
+    for other in ("0c1e571", "unknown", ""):
+        with pytest.raises(WarmupRefusedError):
+            check_llama_cpp(other)
+
+
+def test_another_llama_cpp_is_refused(tiny_pair, lavapipe_everywhere, decodes, closes,
+                                      monkeypatch):
+    monkeypatch.setenv(WARMUP_ENV, "1")
+    monkeypatch.setattr(lavapipe, "ggml_commit", lambda: "b7000aa")
+    with pytest.raises(WarmupRefusedError) as err:
+        Context.load(tiny_pair[0], context_options=CTX)
+    msg = str(err.value)
+    assert "\n" not in msg and "ggml commit 0c1e570" in msg and "ggml commit b7000aa" in msg
+    assert f"unset {WARMUP_ENV}" in msg and "llama-cpp-python 0.3.36" in msg
+    assert decodes == [] and len(closes) == 1 and closes[0].closed and closes[0].model.closed
+
+
+def test_a_failed_warm_up_raises_and_frees_the_context(tiny_pair, lavapipe_everywhere, closes,
+                                                       monkeypatch):
+    monkeypatch.setenv(WARMUP_ENV, "1")
+
+    def failing(self, tokens, *args, **kwargs):
+        raise DecodeError("llama_decode returned -3: the device was lost")
+
+    monkeypatch.setattr(Context, "decode", failing)
+    with pytest.raises(WarmupFailedError) as err:
+        Context.load(tiny_pair[0], context_options=CTX)
+    assert isinstance(err.value.__cause__, DecodeError)
+    assert str(err.value).startswith("the lavapipe warm-up of verifier.gguf (")
+    assert "the device was lost" in str(err.value)
+    assert len(closes) == 1 and closes[0].closed and closes[0].model.closed
+
+
+def test_the_vulkan_builds_environment_asks_for_the_warm_up(monkeypatch):
+    monkeypatch.delenv(WARMUP_ENV, raising=False)
+    assert GpuBuild("vulkan", Path("/nowhere"), 0.0).env()[WARMUP_ENV] == "1"
+    assert WARMUP_ENV not in GpuBuild("cuda", Path("/nowhere"), 0.0).env()  # real GPUs: none
+    monkeypatch.setenv(WARMUP_ENV, "0")  # an explicit choice stays
+    assert GpuBuild("vulkan", Path("/nowhere"), 0.0).env()[WARMUP_ENV] == "0"

@@ -6,7 +6,9 @@ llama-cpp-python's vendored source (tests/support/llama_build.py: built once, ca
 ~/.cache/cactus-gguf/gpu-build; the Debian packages are installed when missing), selected with
 ``LLAMA_CPP_LIB_PATH``: the CLI (``python -m cactus_gguf``), or one of the ``job_*`` functions
 below through :func:`on_device` for what needs the API in-process (histograms, the KV shadow, load
-cycles). Greedy runs compare against the verifier alone on the *same* backend and placement: the
+cycles). The build's environment also sets ``CACTUS_GGUF_LAVAPIPE_WARMUP=1``: each context on
+lavapipe first makes the warm-up without which the driver crashes (cactus_gguf/llama/lavapipe.py),
+which cactus-gguf makes only when asked. Greedy runs compare against the verifier alone on the *same* backend and placement: the
 Vulkan kernels round differently from the CPU's, so CPU tokens are no reference. lavapipe runs on
 the CPU and is slow (the real 1.5B verifier decodes ~0.6 tokens/s on 2 cores): the real pair's runs
 are short, the long and statistical ones use the tiny pair.

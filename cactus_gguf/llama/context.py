@@ -26,11 +26,14 @@ measured by benchmarks/recurrent_rollback.py):
   a prompt (``sync``) ends with one, for the next request's prefix reuse. Past every checkpoint the
   tokens are decoded again from the start.
 
-On Mesa's lavapipe (the software Vulkan device the GPU tests run on) a context's first decodes
-are a warm-up that makes ggml-vulkan's flash-attention scratch as large as it will ever need, so it
-never grows later: lavapipe crashes when it does (lavapipe.py). Flash attention stays on: without it
-lavapipe's one-row and multi-row kernels round differently, and greedy speculation would not give
-the verifier's tokens.
+On Mesa's lavapipe (the software Vulkan device the GPU tests run on), when asked for with
+``CACTUS_GGUF_LAVAPIPE_WARMUP=1`` (the Vulkan tests and benchmarks/gpu_check.sh set it), a
+context's first decodes are a warm-up that makes ggml-vulkan's flash-attention scratch as large as
+it will ever need, so it never grows later: lavapipe crashes when it does (lavapipe.py). Without
+the variable no context warms up, lavapipe or not; with it, another llama.cpp than the one the
+warm-up mirrors is refused, and a warm-up decode that fails closes the context and raises. Flash
+attention stays on: without it lavapipe's one-row and multi-row kernels round differently, and
+greedy speculation would not give the verifier's tokens.
 """
 from __future__ import annotations
 
@@ -51,8 +54,8 @@ from ..options import check_fields, default, opt
 from . import devices, log
 from .hw import default_threads, physical_memory
 from .model import ModelLoadError, Model, ModelOptions
-from .lavapipe import AttentionShape, WarmupPlan, warmup_plan
-from .placement import kv_shares, on_lavapipe
+from .lavapipe import WarmupFailedError, WarmupPlan, warmup_plan, warmup_wanted
+from .placement import kv_shares
 
 __all__ = ["ContextOptions", "Context", "DecodeError", "DecodeCancelled", "KvCacheTooLargeError",
            "RS_SNAPSHOTS"]
@@ -179,15 +182,21 @@ class Context:
         self._window = 0  # tokens at the end that seq_rm can drop exactly now (recurrent)
         self._checkpoints: list[_Checkpoint] = []  # ascending n_tokens, each a prefix of tokens
         self._make_batch()
-        #: the warm-up this context made (module docstring; None off lavapipe)
+        #: the lavapipe warm-up this context made (module docstring; None when not asked for or
+        #: not on lavapipe)
         self.warmup: WarmupPlan | None = None
-        if options.flash_attn != "off" and not options.mtp and on_lavapipe(model.placement):
-            self._warm_up()
+        if options.flash_attn != "off" and not options.mtp:
+            try:
+                if warmup_wanted(model.placement):
+                    self._warm_up()
+            except BaseException:
+                self.close()  # the caller never gets this context (load then frees the model)
+                raise
 
     def _warm_up(self) -> None:
-        """On lavapipe: decode the prompt chunks and then the batch of
-        :func:`lavapipe.warmup_plan`, then clear the cache. A failed decode is left to the first
-        real one to report."""
+        """Asked for and on lavapipe (lavapipe.warmup_wanted): decode the prompt chunks and then
+        the batch of :func:`lavapipe.warmup_plan`, then clear the cache. Raises
+        WarmupFailedError when one of its decodes fails."""
         plan = warmup_plan(self.model.attention_shape, self.n_ctx, self.n_batch)
         token = max(0, self.model.bos)
         try:
@@ -195,10 +204,15 @@ class Context:
                 self.decode([token] * rows, n_logits=0)
             if plan.rows:
                 self.decode([token] * plan.rows, n_logits=plan.rows)
-        except DecodeError:
-            return
-        finally:
             self.clear()
+        except DecodeError as e:
+            raise WarmupFailedError(
+                f"the lavapipe warm-up of {self.model.path.name} ({plan.prompt} prompt tokens, "
+                f"then {plan.rows} rows) failed: {e}") from e
+        log_.debug("lavapipe warm-up of %s: %d prompt tokens in %d chunks, then %d rows "
+                   "(%d bytes of split-k scratch%s)", self.model.path.name, plan.prompt,
+                   len(plan.chunks), plan.rows, plan.scratch,
+                   "" if plan.complete else ", the most an empty cache asks for")
         self.warmup = plan
 
     def _create(self, options: ContextOptions) -> None:

@@ -1,4 +1,5 @@
-"""The warm-up that keeps Mesa's lavapipe (the software Vulkan device the GPU tests run on) alive.
+"""The warm-up that keeps Mesa's lavapipe (the software Vulkan device the GPU tests run on) alive:
+test support, made only when asked for.
 
 lavapipe (Debian 12's Mesa 22.3) reads every binding of a descriptor set it binds, also those the
 shader does not use. ggml-vulkan writes only the bindings a shader uses, and keeps per-context
@@ -23,14 +24,41 @@ for some models and batch sizes the largest request needs a few hundred cached t
 pays that prompt once, at load. ``GGML_VK_MEMORY_LOGGER=1`` makes ggml print every scratch
 request (``split_k_size``); tests/test_vulkan.py checks with it that the plan's request is the
 only one.
+
+**Only when asked for.** The warm-up is a workaround for one driver on one llama.cpp, not part of
+the product: a context makes it only when ``CACTUS_GGUF_LAVAPIPE_WARMUP=1`` is set (the Vulkan
+tests set it through tests/support/llama_build.py, and benchmarks/gpu_check.sh) *and* the model's
+layers went to a lavapipe device; a lavapipe device being present is never enough. Asked for, it
+first checks that the loaded llama.cpp is the one this module mirrors (:func:`check_llama_cpp`:
+ggml's build commit, ``ggml_commit()``) and refuses any other with WarmupRefusedError; a decode
+of the warm-up that fails is a WarmupFailedError (llama/context.py), never ignored.
 """
 from __future__ import annotations
 
+import ctypes
+import logging
+import os
 from dataclasses import dataclass
+from typing import Mapping
 
-__all__ = ["AttentionShape", "WarmupPlan", "split_k_scratch", "warmup_plan", "prompt_chunks",
-           "KV_PAD"]
+import llama_cpp
 
+from ..errors import EngineError, InputError
+from .model import AttentionShape
+from .placement import LayerPlacement, on_lavapipe
+
+__all__ = ["WarmupPlan", "split_k_scratch", "warmup_plan", "prompt_chunks", "KV_PAD",
+           "WARMUP_ENV", "WarmupRefusedError", "WarmupFailedError", "warmup_requested",
+           "check_llama_cpp", "warmup_wanted"]
+
+log_ = logging.getLogger(__name__)
+
+#: the environment variable that asks for the warm-up: "1"; unset, "" or "0": none
+WARMUP_ENV = "CACTUS_GGUF_LAVAPIPE_WARMUP"
+#: the llama.cpp whose ggml-vulkan this module mirrors: llama-cpp-python 0.3.36's vendored source,
+#: built from the sdist (its git metadata gives ggml_commit() "0c1e570", or "0c1e570-dirty")
+MIRRORED_LLAMA_CPP_PYTHON = "0.3.36"
+MIRRORED_GGML_COMMIT = "0c1e570"
 #: llama.cpp pads the KV length an attention call sees to a multiple of this (cells)
 KV_PAD = 256
 #: ggml-vulkan's stand-in for the shader-core count of a device that reports none (lavapipe)
@@ -39,14 +67,61 @@ _CORES = 16
 _LARGE_BLOCKS_FROM = 1024
 
 
-@dataclass(frozen=True)
-class AttentionShape:
-    """One model's attention: query and KV heads, key and value head sizes (elements)."""
+class WarmupRefusedError(InputError):
+    """The warm-up was asked for where this module cannot plan it: another llama.cpp than the one
+    it mirrors, or a value of CACTUS_GGUF_LAVAPIPE_WARMUP other than 0 or 1."""
 
-    n_head: int
-    n_head_kv: int
-    head_k: int
-    head_v: int
+
+class WarmupFailedError(EngineError):
+    """A decode of the warm-up failed (the context is closed)."""
+
+
+def warmup_requested(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``CACTUS_GGUF_LAVAPIPE_WARMUP`` asks for the warm-up ("1"; unset, "" or "0": no).
+    Raises WarmupRefusedError for any other value."""
+    value = environ.get(WARMUP_ENV, "")
+    if value not in ("", "0", "1"):
+        raise WarmupRefusedError(f"{WARMUP_ENV}={value!r}: set it to 1 to make the lavapipe "
+                                 "warm-up, 0 (or leave it unset) for none")
+    return value == "1"
+
+
+def ggml_commit() -> str:
+    """The commit the loaded ggml was built from (``ggml_commit()``: "0c1e570-dirty"; "unknown"
+    when it was built outside git, or the library has no such function)."""
+    fn = getattr(llama_cpp.llama_cpp._lib, "ggml_commit", None)
+    if fn is None:
+        return "unknown"
+    fn.restype, fn.argtypes = ctypes.c_char_p, []
+    return (fn() or b"unknown").decode("utf-8", errors="replace")
+
+
+def check_llama_cpp(commit: str | None = None) -> None:
+    """Refuse (WarmupRefusedError) a llama.cpp other than the one this module mirrors: its plan
+    reproduces that ggml-vulkan's choices, which another version may make differently.
+    ``commit``: the loaded ggml's (default :func:`ggml_commit`)."""
+    commit = ggml_commit() if commit is None else commit
+    if commit.split("-", 1)[0] != MIRRORED_GGML_COMMIT:
+        raise WarmupRefusedError(
+            f"{WARMUP_ENV}=1 asks for the lavapipe warm-up, which mirrors ggml-vulkan of "
+            f"llama-cpp-python {MIRRORED_LLAMA_CPP_PYTHON} (ggml commit {MIRRORED_GGML_COMMIT}); "
+            f"this llama.cpp is ggml commit {commit} (llama-cpp-python {llama_cpp.__version__}): "
+            f"unset {WARMUP_ENV}, or use llama-cpp-python {MIRRORED_LLAMA_CPP_PYTHON}")
+
+
+def warmup_wanted(placement: LayerPlacement | None) -> bool:
+    """Whether a context of a model placed so makes the warm-up: asked for
+    (:func:`warmup_requested`), on the llama.cpp this module mirrors (else WarmupRefusedError),
+    and some of the model's layers on a lavapipe device (``placement``: llama.cpp's own account of
+    the load; None, when it gave none: no layer known to be there, so no warm-up)."""
+    if not warmup_requested():
+        return False
+    check_llama_cpp()
+    if placement is None:
+        log_.warning("%s=1 but llama.cpp did not say where the layers went: no lavapipe warm-up",
+                     WARMUP_ENV)
+        return False
+    return on_lavapipe(placement)
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -20,10 +20,19 @@ from ..errors import EngineError, InputError
 from ..options import check_value, default
 from . import devices, log
 from .hw import build_has_amx, cpu_has_amx
-from .lavapipe import AttentionShape
 from .placement import LayerPlacement, parse_layer_lines
 
-__all__ = ["ModelOptions", "ModelLoadError", "Model", "check_gguf_path"]
+__all__ = ["ModelOptions", "ModelLoadError", "Model", "AttentionShape", "check_gguf_path"]
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """One model's attention: query and KV heads, key and value head sizes (elements)."""
+
+    n_head: int
+    n_head_kv: int
+    head_k: int
+    head_v: int
 
 
 class ModelLoadError(InputError):

@@ -104,14 +104,12 @@ def kv_shares(placement: "LayerPlacement", kv_bytes: int) -> list[tuple[str, str
     return out
 
 
-def on_lavapipe(placement: "LayerPlacement | None") -> bool:
+def on_lavapipe(placement: "LayerPlacement") -> bool:
     """Whether layers of this placement run on Mesa's lavapipe, the software Vulkan device (it
-    describes itself as ``llvmpipe (LLVM ...)``). With no placement (another llama.cpp's log):
-    whether this process sees a lavapipe device at all."""
+    describes itself as ``llvmpipe (LLVM ...)``). A lavapipe device this model does not use (beside
+    a real GPU, say) does not count."""
     described = {_dev_name(d): _dev_description(d) for d in devices._all_devices()}
     lavapipe = {name for name, what in described.items() if what.startswith("llvmpipe")}
-    if placement is None:
-        return bool(lavapipe)
     return any(d in lavapipe for d in placement.devices)
 
 

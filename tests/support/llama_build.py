@@ -12,8 +12,10 @@ given) with ``-DGGML_VULKAN=ON``: the shared libraries libllama, libggml*, libgg
 once per backend, llama-cpp-python version and flag set, cached in
 ``~/.cache/cactus-gguf/gpu-build/<backend>-<version>-<flags hash>/`` (``$CACTUS_GGUF_CACHE`` moves
 it). A process runs cactus-gguf on it with ``LLAMA_CPP_LIB_PATH=<build>/lib`` (llama-cpp-python
-reads it when it loads libllama, once per process) and, for Vulkan, ``GGML_VK_VISIBLE_DEVICES=0``:
-ggml-vulkan skips devices of type CPU unless they are named, and lavapipe is one.
+reads it when it loads libllama, once per process) and, for Vulkan, ``GGML_VK_VISIBLE_DEVICES=0``
+(ggml-vulkan skips devices of type CPU unless they are named, and lavapipe is one) and
+``CACTUS_GGUF_LAVAPIPE_WARMUP=1``: each context on lavapipe first makes the warm-up that keeps
+the driver alive (cactus_gguf/llama/lavapipe.py), which cactus-gguf makes only when asked.
 
 Debian 12's Vulkan headers (1.3.239) predate ``VK_EXT_layer_settings``, which ggml-vulkan uses
 only to configure the validation layer of a ``GGML_VULKAN_VALIDATE`` build; the build puts that
@@ -63,6 +65,9 @@ class GpuBuild:
                "LD_LIBRARY_PATH": os.pathsep.join(filter(None, libs))}
         if self.backend == "vulkan":
             env.setdefault("GGML_VK_VISIBLE_DEVICES", "0")  # lavapipe is a device of type CPU
+            # the warm-up without which lavapipe crashes (cactus_gguf/llama/lavapipe.py): only
+            # when asked for, and only contexts whose layers are on lavapipe make it
+            env.setdefault("CACTUS_GGUF_LAVAPIPE_WARMUP", "1")
         return {**env, **extra}
 
 
@@ -179,5 +184,6 @@ def gpu_build(backend: str = "vulkan", sdist: Path | None = None,
 if __name__ == "__main__":
     b = gpu_build(sys.argv[1] if len(sys.argv) > 1 else "vulkan",
                   Path(sys.argv[2]) if len(sys.argv) > 2 else None)
-    extra = " GGML_VK_VISIBLE_DEVICES=0" if b.backend == "vulkan" else ""
+    extra = (" GGML_VK_VISIBLE_DEVICES=0 CACTUS_GGUF_LAVAPIPE_WARMUP=1" if b.backend == "vulkan"
+             else "")
     print(f"LLAMA_CPP_LIB_PATH={b.lib}{extra}  (built in {b.build_seconds:.0f} s)")
