@@ -1,8 +1,13 @@
 """What a generation reports: counters, timings and divergences, and the result record.
 
 Glossary: a *step* is one verifier call (a verification batch, or one verifier-alone decode);
-drafted / accepted count draft tokens over all steps; AL (mean acceptance length) = accepted
-drafts per step; tokens per verifier call = emitted tokens per step. An *answer* is one whole
+drafted / accepted count draft tokens over all steps (accepted: what the acceptance rule kept,
+the sum of the steps' StepResult.n_accepted); *used* drafts are the accepted ones the generation
+emitted (it can end inside a step). AL (mean acceptance length) = accepted drafts per step: the
+token the verifier adds after them (residual or bonus) is not counted, so AL + 1 is the mean
+acceptance length as vLLM reports it (1 + accepted / drafting steps) and about the tokens per
+verifier call (emitted tokens per step); llama.cpp reports the acceptance rate (accepted /
+drafted), ``acceptance_rate`` here. An *answer* is one whole
 generation: what a user waits for, so per-answer figures (``answer_seconds``, ``n_steps`` =
 verifier calls, ``n_draft_forwards``, ``n_tokens``) are the headline speed figures; tokens per
 second alone hides a rule that makes answers longer. Times are wall-clock seconds;
@@ -30,17 +35,17 @@ class StepOutcome:
     shortened it); n_draft_forwards: draft-model forward passes the proposal took; n_drafted: the
     drafts verified (the prefix the policy kept); verdict: the native helper's StepResult (AL,
     the residual / bonus token, positions evaluated, KL figures; for a verifier-only step of a
-    request that does not speculate, AL 0 and the sampled token, no positions); n_used: the
-    accepted drafts the generation used (<= AL: an ending end-of-generation token counts, drafts
-    after a completed stop string do not). Seconds: drafting (with the policy's ``keep``), the
-    verifier's decode, acceptance and the grammar's commit.
+    request that does not speculate, AL 0 and the sampled token, no positions); n_drafts_used:
+    the accepted drafts the generation used (<= AL: an ending end-of-generation token counts,
+    drafts after a completed stop string or past ``n_predict`` do not). Seconds: drafting (with
+    the policy's ``keep``), the verifier's decode, acceptance and the grammar's commit.
     """
 
     lookup: bool
     n_draft_forwards: int
     n_drafted: int
     verdict: StepResult
-    n_used: int
+    n_drafts_used: int
     draft_seconds: float
     verify_seconds: float
     accept_seconds: float
@@ -54,11 +59,12 @@ class GenerationStats:
     verifier's KV cache already held from an earlier request (prefix reuse), so were not decoded
     again; n_draft_prompt_tokens_reused: the same for the draft model.
     n_steps: verification steps (for ``none``: verifier decodes); n_drafted / n_accepted: draft
-    tokens proposed / accepted over all steps, where an accepted draft counts when the generation
-    used it: an accepted end-of-generation token does (it ended the output), drafts accepted after
-    the token that completed a stop string do not. n_tokens: emitted tokens (an end-of-generation
-    token is not emitted); ``tokens_per_verifier_call`` counts an ending end-of-generation token
-    too, so it is (n_accepted + the residual / bonus tokens used) / n_steps.
+    tokens verified / accepted by the rule over all steps (Σ StepResult.n_accepted);
+    n_drafts_used: the accepted drafts the generation used: an accepted end-of-generation token
+    is (it ended the output), drafts accepted after the token that completed a stop string, or
+    past ``n_predict``, are not. n_tokens: emitted tokens (an end-of-generation token is not
+    emitted); ``tokens_per_verifier_call`` counts an ending end-of-generation token too, so it is
+    (n_drafts_used + the residual / bonus tokens used) / n_steps.
     n_lookup_steps: steps whose drafts came from prompt lookup (the hybrid drafter; the n-gram
     drafter's are all of its steps that drafted).
     n_draft_forwards: forward passes of the draft model while generating (``llama_decode`` calls
@@ -81,6 +87,7 @@ class GenerationStats:
     n_steps: int = 0
     n_drafted: int = 0
     n_accepted: int = 0
+    n_drafts_used: int = 0
     n_evaluated: int = 0
     n_end_tokens: int = 0
     n_lookup_steps: int = 0
@@ -113,7 +120,8 @@ class GenerationStats:
         v = step.verdict
         self.n_steps += 1
         self.n_drafted += step.n_drafted
-        self.n_accepted += step.n_used
+        self.n_accepted += v.n_accepted
+        self.n_drafts_used += step.n_drafts_used
         self.n_lookup_steps += step.lookup
         self.n_draft_forwards += step.n_draft_forwards
         self.n_evaluated += v.n_evaluated
@@ -128,12 +136,13 @@ class GenerationStats:
 
     @property
     def mean_accepted_length(self) -> float:
-        """Accepted drafts per verification step (AL), tokens."""
+        """AL: accepted drafts per verification step, tokens; the residual / bonus token is not
+        counted (vLLM's mean acceptance length, which counts it, is AL + 1)."""
         return self.n_accepted / self.n_steps if self.n_steps else 0.0
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted / drafted tokens, in [0, 1]."""
+        """Accepted / drafted tokens, in [0, 1] (llama.cpp's draft acceptance rate)."""
         return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
 
     @property

@@ -200,6 +200,7 @@ def test_a_one_token_reply_has_consistent_statistics(tmp_path):
         s = eng.generate([T(ord("?"))], n_predict=20, seed=0).stats
     # drafts O, K, EOS all accepted: one step produced O and K, and EOS ended the output
     assert (s.n_steps, s.n_drafted, s.n_accepted, s.n_tokens, s.n_end_tokens) == (1, 3, 3, 2, 1)
+    assert s.n_drafts_used == 3  # the ending end-of-generation draft is used
     assert s.tokens_per_verifier_call == s.mean_accepted_length == 3.0
     assert s.acceptance_rate == 1.0
 
@@ -212,8 +213,9 @@ def test_every_step_adds_its_accepted_drafts_and_at_most_one_more_token(files, s
         for seed in range(12):
             s = eng.generate("the cat sat on", n_predict=int(10 + 7 * seed), seed=seed,
                              stop=stop).stats
-            produced = s.n_tokens + s.n_end_tokens
-            assert s.n_accepted + s.n_steps - 1 <= produced <= s.n_accepted + s.n_steps, seed
+            produced, used = s.n_tokens + s.n_end_tokens, s.n_drafts_used
+            assert used + s.n_steps - 1 <= produced <= used + s.n_steps, seed
+            assert used <= s.n_accepted <= s.n_drafted
             assert s.tokens_per_verifier_call == produced / s.n_steps
 
 

@@ -53,7 +53,9 @@ class Metrics:
                              buckets=(1, 2, 5, 10, 15, 20, 30, 50, 100, 200, 500), registry=r)
         self.acceptance = Histogram("cactus_acceptance_rate", "accepted / drafted tokens",
                                     buckets=_RATE, registry=r)
-        self.al = Histogram("cactus_acceptance_length", "accepted drafts per verification step",
+        self.al = Histogram("cactus_acceptance_length",
+                            "accepted drafts per verification step (AL; the residual / bonus "
+                            "token not counted: vLLM's mean acceptance length is AL + 1)",
                             buckets=(0.5, 1, 1.5, 2, 3, 4, 6, 8, 12, 16), registry=r)
         self.kl = Histogram("cactus_kl_mean_nats", "mean KL(h || q) of the acceptance target",
                             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4), registry=r)
