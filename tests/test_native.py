@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from cactus_gguf.errors import InputError
 from cactus_gguf.sampling import reference as ref
 from cactus_gguf.sampling import native
 from cactus_gguf.sampling import _clib
@@ -705,7 +706,7 @@ def test_boundary_validation_raises_value_error():
      (dict(min_p=1.1), "min_p")],
 )
 def test_sampling_params_validation(kwargs, name):
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(InputError, match=name):
         SamplingParams(**kwargs)
 
 
@@ -713,10 +714,12 @@ def test_sampling_params_validation(kwargs, name):
     "kwargs,name",
     [(dict(method="eagle"), "method"), (dict(delta=-0.5), "delta"), (dict(delta=math.nan), "delta"),
      (dict(solver="newton"), "solver"), (dict(typical_epsilon=-1.0), "typical_epsilon"),
-     (dict(typical_alpha=math.nan), "typical_alpha"), (dict(accept_top_k=0), "accept_top_k")],
+     (dict(typical_alpha=math.nan), "typical_alpha"), (dict(accept_top_k=0), "accept_top_k"),
+     (dict(method="none"), "method"), (dict(end_tau=-1.0), "end_tau"),
+     (dict(end_mask=np.zeros(3)), "end_mask")],
 )
 def test_acceptance_params_validation(kwargs, name):
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(InputError, match=name):  # the documented type (a ValueError)
         AcceptanceParams(**kwargs)
 
 

@@ -138,11 +138,6 @@ class Option:
     normalize: Callable[[Any], Any] | None = None
     words: tuple[str, ...] = ()
 
-    @property
-    def flag(self) -> str:
-        """How an error message names it on the command line: ``-c/--ctx-size``."""
-        return "/".join(self.flags) if self.flags else self.name
-
     def default_for(self, command: str | None) -> Any:
         return self.command_defaults.get(command, self.default) if command else self.default
 

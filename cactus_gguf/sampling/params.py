@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InputError
 from ..options import BUDGETS, METHODS, SOLVERS, check_fields, check_value, opt, option_of
 
 __all__ = ["SamplingParams", "AcceptanceParams", "METHODS", "SOLVERS", "BUDGETS", "sampling_params",
@@ -66,7 +67,8 @@ class AcceptanceParams:
       tokens that start a stop string) or None; at a position with q(E) >= end_tau the emitted law
       keeps P(E) >= q(E) (SpS there when Cactus would lower it). end_tau > 1: never.
 
-    Every field is validated whatever the method. Raises InputError on an out-of-range value.
+    Every field is validated whatever the method. Raises InputError (a ValueError) on an
+    out-of-range value.
     """
 
     method: str = opt("method")
@@ -85,15 +87,16 @@ class AcceptanceParams:
     def __post_init__(self) -> None:
         check_fields(self)  # the option fields; end_tau and end_mask are not options: checked here
         if not self.end_tau >= 0.0:
-            raise ValueError(f"end_tau must be a number >= 0, got {self.end_tau!r}")
+            raise InputError(f"end_tau must be a number >= 0, got {self.end_tau!r}")
         m = self.end_mask
         if m is not None and not (isinstance(m, np.ndarray) and m.dtype == np.uint32
                                   and m.ndim == 1 and m.flags.c_contiguous):
-            raise ValueError("end_mask must be a C-contiguous uint32 [ceil(V / 32)] array "
+            raise InputError("end_mask must be a C-contiguous uint32 [ceil(V / 32)] array "
                              "(native.pack_allowed of a bool [V] end set) or None")
         if self.method not in METHODS:  # "none" is a Request's method, not an acceptance rule
             check_value("method", self.method)
-            raise ValueError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
+            raise InputError(f"{{method}} must be one of {', '.join(METHODS)}; got "
+                             f"{self.method!r}", param="method")
 
 
 def _from_request(record_type: type, request) -> dict[str, Any]:

@@ -14,7 +14,7 @@
 from .drafters import Draft, Drafter, ModelDrafter, NgramDrafter
 from .engine import Chunk, Engine, Stream
 from .policy import DraftPolicy, FixedDraftLength
-from .vocab import VocabMismatchError, check_vocab_compatible
+from .vocab import VocabMismatchError
 
 __all__ = ["Engine", "Stream", "Chunk", "Draft", "Drafter", "ModelDrafter", "NgramDrafter",
-           "DraftPolicy", "FixedDraftLength", "VocabMismatchError", "check_vocab_compatible"]
+           "DraftPolicy", "FixedDraftLength", "VocabMismatchError"]

@@ -9,8 +9,7 @@ import numpy as np
 from ..errors import InputError
 from ..llama import Model
 
-__all__ = ["VocabMismatchError", "check_vocab_compatible", "first_difference", "token_pieces",
-           "end_set"]
+__all__ = ["VocabMismatchError", "first_difference", "token_pieces", "end_set"]
 
 
 def token_pieces(model: Model) -> list[str]:
@@ -79,13 +78,3 @@ def first_difference(verifier: Model, draft: Model) -> str | None:
                     f"({text.decode('utf-8', 'replace')!r}) is a real token")
     return None
 
-
-def check_vocab_compatible(verifier: Model, draft: Model) -> None:
-    """Refuse a draft whose ids do not mean what the verifier's do (:func:`first_difference`).
-
-    Raises VocabMismatchError naming the first difference and ``cactus-gguf vocab``.
-    """
-    why = first_difference(verifier, draft)
-    if why is not None:
-        raise VocabMismatchError(f"{why}: `cactus-gguf vocab {verifier.path} {draft.path}` "
-                                 "shows every difference")
