@@ -304,6 +304,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("temperature", float, 0.8, "temperature; 0 = greedy (acceptance is then exact match)",
            ("--temp",), range=Range(note="<= 0 = greedy, inf = uniform over the kept tokens"),
            recommend=True, metavar="T"),
+    Option("draft_temp", float, None, "the draft's own temperature: it samples its proposals at T "
+           "with the request's top-k / top-p / min-p (0 = greedy: a one-hot proposal at its top "
+           "token), and every acceptance rule checks exactly that proposal, so SpS stays exact "
+           "(README \"Draft temperature\")", ("--draft-temp",),
+           range=Range(lo=0.0, hi=math.inf, hi_open=True, note="0 = greedy"), optional=True,
+           shown_default="--temp", metavar="T"),
     Option("top_k", int, 40, "top-k (0 = off)", ("--top-k",),
            range=Range(lo=0, hi=2**31, hi_open=True, note="0 = off"), recommend=True, metavar="N"),
     Option("top_p", float, 0.95, "top-p (1 = off)", ("--top-p",),

@@ -121,6 +121,7 @@ class Request(_OptionRecord):
     draft_min: int = opt("draft_min")
     draft_p_min: float = opt("draft_p_min")
     temperature: float = opt("temperature")
+    draft_temp: float | None = opt("draft_temp")  # None: the request's temperature
     top_k: int = opt("top_k")
     top_p: float = opt("top_p")
     min_p: float = opt("min_p")
@@ -149,6 +150,14 @@ class Request(_OptionRecord):
         """Whether a drafter proposes tokens for the verifier to accept: False for method "none"
         and for k = 0 (no speculation, as llama.cpp's ``--draft-max 0``: the verifier alone)."""
         return self.method != "none" and self.k != 0
+
+    @property
+    def draft_temperature(self) -> float | None:
+        """The temperature the draft samples its proposals at (``draft_temp``, else
+        ``temperature``); None when nothing samples a draft (the verifier alone, prompt lookup)."""
+        if not self.speculates or self.drafter == "ngram":
+            return None
+        return self.temperature if self.draft_temp is None else self.draft_temp
 
     @property
     def draft_ceiling(self) -> int:

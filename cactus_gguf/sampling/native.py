@@ -5,7 +5,8 @@ Dimension letters: ``V`` = vocabulary size, ``k`` = draft length (tokens propose
 
 Glossary (the same as in ``native/cactus_native.h``):
 
-- ``p``: the draft distribution at a position, ``q``: the verifier's, both after the same warps.
+- ``p``: the draft distribution at a position, after the draft's warps (the request's, at
+  ``draft_temp`` when one is given); ``q``: the verifier's, after the request's warps.
 - drafted: the token ``n`` the draft sampled from ``p``; accepted: a drafted token kept by the test.
 - residual: on the first rejection, a token drawn from ``norm(max(0, h - p))``.
 - bonus: when all ``k`` drafts are accepted, a token drawn from ``q`` at position ``k + 1``.
@@ -42,7 +43,7 @@ from .errors import (CG_OK, BadDistributionError, EmptyMaskError, NativeArgument
                      NativeError, NonFiniteLogitsError, raise_status)
 from .gamma import binary_kl, cactus_gamma
 from .masks import mask_words, pack_allowed, row_mask_addr, step_mask_addr
-from .params import AcceptanceParams, SamplingParams
+from .params import AcceptanceParams, SamplingParams, draft_sampling
 from .records import Law, StepResult, c_params
 from .rng import Rng
 
@@ -76,20 +77,27 @@ class NativeSampler:
 
     Args:
         n_vocab: V, the verifier's vocabulary size (>= 1).
-        sampling: the warps applied to both the draft and the verifier logits.
+        sampling: the request's warps: the verifier's q (``warp``, ``sample``, ``verify``,
+            ``emitted_law``) and, unless ``draft_temp`` is given, the draft's p (``draft``).
         acceptance: the acceptance rule used by ``verify``.
         seed: integer in [0, 2**64).
+        draft_temp: the draft's own temperature (``draft`` only: ``sampling`` with this
+            temperature, top-k / top-p / min-p unchanged; 0 = greedy, a one-hot proposal at the
+            draft's lowest-id argmax), a finite number >= 0; None = the request's temperature.
+            SpS emits q for any proposal law, so this changes acceptance, never what SpS emits.
     Raises:
         ValueError: on an invalid argument.
     """
 
     __slots__ = (
-        "_n_vocab", "_sampling", "_acceptance", "_rng", "_rng_p", "_sp", "_sp_p", "_ap", "_ap_p",
-        "_work", "_work_p", "_probs", "_probs_p", "_tok", "_tok_p", "_res", "_res_p",
+        "_n_vocab", "_sampling", "_draft_sampling", "_acceptance", "_rng", "_rng_p", "_sp",
+        "_sp_p", "_dsp", "_dsp_p", "_ap", "_ap_p", "_work", "_work_p", "_probs", "_probs_p",
+        "_tok", "_tok_p", "_res", "_res_p",
     )
 
     def __init__(
-        self, n_vocab: int, sampling: SamplingParams, acceptance: AcceptanceParams, seed: int
+        self, n_vocab: int, sampling: SamplingParams, acceptance: AcceptanceParams, seed: int,
+        *, draft_temp: float | None = None,
     ) -> None:
         if not is_int(n_vocab) or not 1 <= n_vocab < 2**31:
             raise ValueError(f"n_vocab must be an integer in [1, 2**31), got {n_vocab!r}")
@@ -104,6 +112,10 @@ class NativeSampler:
         self._rng_p = ctypes.addressof(self._rng._c)
         self._sp = c_params(_SamplerParamsC, sampling)  # built once: every call passes its address
         self._sp_p = ctypes.addressof(self._sp)
+        # the draft's warps: a second struct of the same type, so draft() passes another address
+        self._draft_sampling = draft_sampling(sampling, draft_temp)
+        self._dsp = c_params(_SamplerParamsC, self._draft_sampling)
+        self._dsp_p = ctypes.addressof(self._dsp)
         if acceptance.end_mask is not None and acceptance.end_mask.shape != (mask_words(n_vocab),):
             raise ValueError(f"end_mask must have ceil(V / 32) = {mask_words(n_vocab)} words, got "
                              f"{acceptance.end_mask.shape}")
@@ -125,8 +137,13 @@ class NativeSampler:
 
     @property
     def sampling(self) -> SamplingParams:
-        """The warps (fixed for the sampler's life)."""
+        """The request's warps, the verifier's q (fixed for the sampler's life)."""
         return self._sampling
+
+    @property
+    def draft_sampling(self) -> SamplingParams:
+        """The draft's warps (``sampling`` at the draft's temperature), used by ``draft`` only."""
+        return self._draft_sampling
 
     @property
     def acceptance(self) -> AcceptanceParams:
@@ -176,11 +193,16 @@ class NativeSampler:
             EmptyMaskError: no allowed token has a finite logit.
         """
         check_logits_row(logits, self._n_vocab)
-        return self._warp_sample(logits, self._probs_p, allowed)
+        return self._warp_sample(logits, self._probs_p, allowed, self._sp_p)
 
     def draft(self, logits: np.ndarray, probs_out: np.ndarray, *,
               allowed: np.ndarray | None = None) -> int:
-        """The draft's per-token call: warp into ``probs_out`` and draw from it. One uniform per call.
+        """The draft's per-token call: warp with the draft's warps (``draft_sampling``) into
+        ``probs_out`` and draw from it. One uniform per call (also at draft temperature 0).
+
+        ``probs_out`` is exactly the law the token was drawn from (one-hot at the drafted token at
+        draft temperature 0): pass it to ``verify`` as that position's p, so every acceptance rule
+        sees the real proposal (SpS then emits q whatever the draft's temperature).
 
         Args:
             logits: float32 [n], 1 <= n <= V, C-contiguous (the draft's vocabulary may be a prefix).
@@ -196,14 +218,16 @@ class NativeSampler:
         """
         check_logits_row(logits, self._n_vocab)
         check_probs_out(probs_out, logits, self._n_vocab, "probs_out")
-        return self._warp_sample(logits, addr(probs_out), allowed)
+        return self._warp_sample(logits, addr(probs_out), allowed, self._dsp_p)
 
-    def _warp_sample(self, logits: np.ndarray, probs_p: int, allowed: np.ndarray | None) -> int:
-        """Warp checked ``logits`` into the float32 [V] row at address ``probs_p``, then draw one
-        token from it (one uniform); the token id."""
+    def _warp_sample(self, logits: np.ndarray, probs_p: int, allowed: np.ndarray | None,
+                     sp_p: int) -> int:
+        """Warp checked ``logits`` with the warps at address ``sp_p`` (the request's or the
+        draft's) into the float32 [V] row at address ``probs_p``, then draw one token from it (one
+        uniform); the token id."""
         mask = row_mask_addr(allowed, self._n_vocab)
         st = _warp_sample(
-            addr(logits), logits.shape[0], self._n_vocab, mask, self._sp_p, self._rng_p,
+            addr(logits), logits.shape[0], self._n_vocab, mask, sp_p, self._rng_p,
             probs_p, self._work_p, self._tok_p,
         )
         if st != CG_OK:

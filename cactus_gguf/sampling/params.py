@@ -8,7 +8,7 @@ never re-validates anything.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from ..errors import InputError
 from ..options import BUDGETS, METHODS, SOLVERS, check_fields, check_value, opt, option_of
 
 __all__ = ["SamplingParams", "AcceptanceParams", "METHODS", "SOLVERS", "BUDGETS", "sampling_params",
-           "acceptance_params"]
+           "draft_sampling", "draft_sampling_params", "acceptance_params"]
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,23 @@ def _from_request(record_type: type, request) -> dict[str, Any]:
 
 
 def sampling_params(request) -> SamplingParams:
-    """The warps of a Request."""
+    """The warps of a Request (the verifier's q; the draft's p too unless ``draft_temp`` is set)."""
     return SamplingParams(**_from_request(SamplingParams, request))
+
+
+def draft_sampling(sampling: SamplingParams, draft_temp: float | None) -> SamplingParams:
+    """The draft's own warps: ``sampling`` with its temperature replaced by ``draft_temp`` (top-k,
+    top-p and min-p unchanged; 0 = greedy, a one-hot proposal); ``sampling`` itself when
+    ``draft_temp`` is None (the draft samples at the request's temperature). Raises InputError (a
+    ValueError) for a draft_temp that is not a finite number >= 0."""
+    if draft_temp is None:
+        return sampling
+    return replace(sampling, temperature=check_value("draft_temp", draft_temp))
+
+
+def draft_sampling_params(request) -> SamplingParams:
+    """The warps a Request's draft samples its proposals from (``draft_sampling``)."""
+    return draft_sampling(sampling_params(request), request.draft_temp)
 
 
 def acceptance_params(request, end_mask: np.ndarray | None = None) -> AcceptanceParams | None:

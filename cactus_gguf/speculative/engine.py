@@ -35,7 +35,8 @@ from ..errors import ContextLengthError, EngineBusyError, InputError
 from ..llama import Context, ContextOptions
 from ..llama.context import DecodeCancelled
 from ..options import LoadOptions, Request, constraint_of, validate_pairing
-from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampling_params
+from ..sampling import (AcceptanceParams, NativeSampler, acceptance_params, draft_sampling_params,
+                        sampling_params)
 from ..sampling.native import pack_allowed
 from ..sampling.constraints import Constraint, tokenizer_for
 from ..stats import GenerationResult
@@ -363,7 +364,8 @@ class Engine:
                     raise InputError(f"{{{name}}}={req.draft_ceiling} must be below the draft's "
                                      f"n_batch={self.draft.n_batch}", param=name)
         sampler = NativeSampler(ver.n_vocab, sampling_params(req),
-                                acceptance or AcceptanceParams(method="sps"), seed)
+                                acceptance or AcceptanceParams(method="sps"), seed,
+                                draft_temp=req.draft_temp)
         session = Session(tokens, req, seed, sampler, drafter, self._policy(req, drafter),
                           n_ctx=ver.n_ctx, constraint=self._constraint(req), should_stop=cancel)
         session.stats.draft_vocab = drafter.vocab_method if drafter is not None else None
@@ -384,7 +386,8 @@ class Engine:
                              options=("draft_vocab",))
         with self._lock:
             translator = self.pair_vocab.translator(ver.model, self.draft.model)
-        return ForeignDrafter(self.draft, translator, method, sampling_params(req), seed,
+        # its own sampler only drafts: it gets the draft's warps (at draft_temp)
+        return ForeignDrafter(self.draft, translator, method, draft_sampling_params(req), seed,
                               lambda text: ver.model.tokenize(text, add_special=False,
                                                               parse_special=False),
                               ver.n_vocab)
