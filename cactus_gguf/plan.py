@@ -320,6 +320,7 @@ def result_json(result: GenerationResult, plan: RunPlan) -> dict:
         "draft_p_min": r.draft_p_min,
         "seed": result.seed,
         "temperature": r.temperature,
+        "draft_temp": r.draft_temperature,  # what the draft sampled at: --draft-temp, else --temp
         "top_k": r.top_k,
         "top_p": r.top_p,
         "min_p": r.min_p,

@@ -197,7 +197,7 @@ def test_the_chi_square_tests_above_can_fail():
     assert chi_square_pvalue(emitted, q) < ALPHA
 
 
-# ---- the option on the command line -------------------------------------------------------------
+# ---- the option on the command line and the server -----------------------------------------------
 
 MISSING = "/nonexistent/dir/model.gguf"
 
@@ -210,6 +210,20 @@ MISSING = "/nonexistent/dir/model.gguf"
 def test_a_bad_draft_temperature_is_a_one_line_error_before_any_model_loads(value, message):
     r = run_cli("run", MISSING, MISSING, "-p", "hello", "--draft-temp", value)  # paths missing:
     assert_one_line_error(r, message)  # the option is refused first
+
+
+def test_the_server_takes_draft_temp_in_its_speculative_object():
+    pytest.importorskip("pydantic")
+    from cactus_gguf.server.schemas import CompletionRequest, to_request
+
+    base = Request()
+    body = CompletionRequest.model_validate({"prompt": "x", "speculative": {"draft_temp": 0.0}})
+    assert to_request(base, body).draft_temp == 0.0
+    assert to_request(base, CompletionRequest(prompt="x")).draft_temp is None
+    body = CompletionRequest.model_validate({"prompt": "x", "speculative": {"draft_temp": -1.0}})
+    with pytest.raises(InputError) as e:
+        to_request(base, body)
+    assert e.value.param == "speculative.draft_temp"
 
 
 # ---- end to end on tiny models -------------------------------------------------------------------
@@ -232,7 +246,9 @@ def test_draft_temperature_zero_end_to_end_on_the_tiny_pair(tiny_pair):
         assert got["tokens"] == alone["tokens"] and got["n_drafted"] > 0, method
     sampled = run_json(ver, dft, "--method", "sps", "--temp", "0.8", "--draft-temp", "0", "-k",
                        "4", "-n", "40", "-s", "5")
+    assert sampled["draft_temp"] == 0 and sampled["temperature"] == 0.8
     assert sampled["n_tokens"] > 0 and sampled["n_drafted"] > 0
+    assert run_json(ver, dft, "-k", "2", "-n", "4")["draft_temp"] == 0.8  # default: --temp
 
 
 def test_a_foreign_draft_samples_at_the_draft_temperature(tiny_pair, tmp_path):

@@ -173,7 +173,8 @@ def _settings(plan: BenchPlan, chat: bool) -> dict:
     b, lo = plan.base, plan.load
     return {"n_predict": b.n_predict, "seed": b.seed,
             "seeds": "seed + prompt index, the same for every configuration", "ks": list(plan.ks),
-            "solver": b.solver, "temperature": b.temperature, "top_k": b.top_k, "top_p": b.top_p,
+            "solver": b.solver, "temperature": b.temperature, "draft_temp": b.draft_temp,
+            "top_k": b.top_k, "top_p": b.top_p,
             "min_p": b.min_p, "chat": chat, "n_ctx": lo.n_ctx, "n_batch": lo.n_batch,
             "n_threads": lo.n_threads or default_threads(), "flash_attn": lo.flash_attn,
             "prompts": plan.prompt_source, "n_prompts": len(plan.prompts),

@@ -28,7 +28,10 @@ def summary(result, request) -> str:
             rule += f" delta={request.delta:g} solver={request.solver} budget={request.budget}"
         k = (f"k=auto (<= {request.k_max}, {s.n_drafted / max(1, s.n_steps):.2f} drafted/step)"
              if request.k == "auto" else f"k={request.k}")
-        parts.append(f"{rule} {k}" + (f" drafter {request.drafter}" if request.drafter != "model" else ""))
+        drafted = f" drafter {request.drafter}" if request.drafter != "model" else ""
+        if request.draft_temp is not None and request.draft_temperature is not None:
+            drafted += f" draft-temp {request.draft_temp:g}"  # the draft's own, not --temp
+        parts.append(f"{rule} {k}{drafted}")
         if s.draft_vocab not in (None, "same"):
             cover = (f", the verifier's mass on the shared tokens {s.vocab_coverage:.1%}"
                      if s.vocab_coverage is not None else "")

@@ -399,6 +399,7 @@ class _Shape:
                 "k": r.k if speculates else None,
                 "k_max": r.k_max if speculates and r.k == "auto" else None,
                 "drafter": r.drafter if speculates else None,
+                "draft_temp": r.draft_temperature,
                 # AL: accepted drafts per step, the residual / bonus token not counted (vLLM's
                 # mean acceptance length is AL + 1; stats.py's glossary)
                 "acceptance_length": s.mean_accepted_length, "acceptance_rate": s.acceptance_rate,

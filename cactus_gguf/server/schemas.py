@@ -3,7 +3,7 @@
 Field names are OpenAI's (``max_tokens``, ``max_completion_tokens``, ``stop``, ``seed``,
 ``stream_options``...) plus llama.cpp's extensions (``top_k``, ``min_p``, ``cache_prompt``) and
 cactus-gguf's ``speculative`` object (``method``, ``delta``, ``solver``, ``budget``, ``k``
-(an integer or ``"auto"``), ``k_max``, ``drafter``, ``draft_vocab``; or
+(an integer or ``"auto"``), ``k_max``, ``drafter``, ``draft_vocab``, ``draft_temp``; or
 ``false``: the verifier alone for this request). Structured output: OpenAI's ``response_format``
 (``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"schema": {...}}}``) and
 llama-server's ``grammar`` (GBNF) and ``json_schema`` fields. Values are validated by the one options
@@ -46,6 +46,7 @@ class Speculative(BaseModel):
     k_max: int | None = None
     drafter: str | None = None
     draft_vocab: str | None = None
+    draft_temp: float | None = None
 
 
 class JsonSchemaFormat(BaseModel):
@@ -161,7 +162,8 @@ _OPENAI_NAMES = {"n_predict": "max_tokens", "method": "speculative.method",
                  "delta": "speculative.delta", "solver": "speculative.solver",
                  "budget": "speculative.budget", "k_max": "speculative.k_max",
                  "k": "speculative.k", "drafter": "speculative.drafter",
-                 "draft_vocab": "speculative.draft_vocab"}
+                 "draft_vocab": "speculative.draft_vocab",
+                 "draft_temp": "speculative.draft_temp"}
 
 
 def openai_param(option: str | None, body: _Common | None = None) -> str | None:
