@@ -1,7 +1,7 @@
 """What `-k auto`'s policy itself costs per step, against what a step costs.
 
 Drives CostAwareDraftLength through the calls the engine and the drafters make in one step
-(draft_length, too_unsure and more per drafted token, keep, observe) with the forward costs this
+(plan, then its too_unsure and more per drafted token, keep, observe) with the forward costs this
 machine measured (benchmarks/results/auto-default/humaneval/bench.json, or the numbers below),
 in two regimes: drafting pays (a GPU-like cost table: every step drafts up to k_max) and drafting
 never pays (this machine: every step is verifier-only). No model is loaded.
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from cactus_gguf.sampling import StepResult
-from cactus_gguf.speculative.drafters import Draft
+from cactus_gguf.speculative.draft import Draft
 from cactus_gguf.speculative.policy import CostAwareDraftLength, ForwardCosts
 from cactus_gguf.stats import StepOutcome
 
@@ -39,7 +39,8 @@ def run(costs: dict, draft: float, k_max: int, steps: int, seed: int = 0) -> dic
     t_policy = 0.0
     for _ in range(steps):
         t0 = time.perf_counter()
-        k = pol.draft_length(10_000)
+        plan = pol.plan(10_000)
+        k = plan.k
         t_policy += time.perf_counter() - t0
         ps = np.zeros(k, np.float32)
         n = 0
@@ -47,10 +48,10 @@ def run(costs: dict, draft: float, k_max: int, steps: int, seed: int = 0) -> dic
             p = float(rng.uniform(0.3, 1.0))
             row[0], row[1] = p, 1.0 - p
             t0 = time.perf_counter()
-            unsure = pol.too_unsure(row)
+            unsure = plan.too_unsure(row)
             if not unsure:
                 ps[n] = row[0]
-            go_on = not unsure and pol.more(ps[:n + 1])
+            go_on = not unsure and plan.more(ps[:n + 1])
             t_policy += time.perf_counter() - t0
             n += not unsure
             if not go_on:

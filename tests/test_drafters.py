@@ -23,13 +23,13 @@ def test_ngram_lookup_proposes_what_followed_the_latest_match():
     history = [5, 6, 7, 8, 9, 1, 6, 7, 8, 2, 3, 6, 7]
     # longest suffix found earlier: [6, 7] at index 6 (the latest), followed by 8, 2, 3, 6
     # ([7] alone would also match, but the longer n-gram wins)
-    policy = FixedDraftLength(4)
-    draft = d.propose(history, 4, None, policy)
+    plan = FixedDraftLength(4).plan(4)
+    draft = d.propose(history, plan, None)
     assert draft.tokens.tolist() == [8, 2, 3, 6] and draft.tokens.dtype == np.int32
     assert draft.sources == ("ngram",) * 4 and draft.lookup
     assert draft.probs is None and draft.p is None and draft.n_forwards == 0  # p one-hot
-    assert len(d.propose([1, 2, 3], 4, None, policy)) == 0  # no earlier occurrence
-    draft = d.propose([4, 4, 4], 4, None, policy)  # [4, 4] at 0 is followed by one token
+    assert len(d.propose([1, 2, 3], plan, None)) == 0  # no earlier occurrence
+    draft = d.propose([4, 4, 4], plan, None)  # [4, 4] at 0 is followed by one token
     assert draft.tokens.tolist() == [4]
     assert draft.prefix(0).tokens.tolist() == [] and not draft.prefix(0).lookup
 
@@ -41,7 +41,7 @@ def test_ngram_drafter_first_token_distribution(tiny_pair, method, delta):
     prompt = "the cat sat on the mat the cat sat on"
     with make_engine(ver, k=1, drafter="ngram", method=method, delta=delta, **WARPS) as dec:
         ids = dec.tokenize(prompt)
-        probe = NgramDrafter(3, 1).propose(ids, 1, None, FixedDraftLength(1))
+        probe = NgramDrafter(3, 1).propose(ids, FixedDraftLength(1).plan(1), None)
         assert len(probe) == 1
         drafted = int(probe.tokens[0])
         row = np.array(dec.verifier.decode(ids, 1)[0])

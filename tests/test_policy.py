@@ -9,7 +9,7 @@ from cactus_gguf.options import LoadOptions
 from cactus_gguf.sampling import StepResult
 from cactus_gguf.speculative import Engine
 from cactus_gguf.speculative.costs import forward_costs, probe_sizes
-from cactus_gguf.speculative.drafters import Draft
+from cactus_gguf.speculative.draft import Draft
 from cactus_gguf.speculative.policy import AcceptanceModel, CostAwareDraftLength, ForwardCosts
 from cactus_gguf.stats import StepOutcome
 
@@ -235,9 +235,27 @@ def test_a_probe_the_other_channel_used_up_is_made_next_step():
 def test_a_fixed_length_allows_every_kind_of_proposal():
     from cactus_gguf.speculative import FixedDraftLength
 
-    pol = FixedDraftLength(4, draft_min=2)
-    assert pol.uses("model") and pol.uses("ngram")
+    pol = FixedDraftLength(4, draft_min=2, draft_p_min=0.5)
+    plan = pol.plan(10)
+    assert plan.k == 4 and plan.uses("model") and plan.uses("ngram") and plan.worth_more is None
+    assert pol.plan(3).k == 3 and not pol.plan(0).uses("model")
+    # --draft-p-min drops a token whose warped row peaks below it (in float32, as the row)
+    assert plan.too_unsure(np.array([0.49, 0.51 - 0.02], np.float32))
+    assert not plan.too_unsure(np.array([0.5, 0.5], np.float32))
     assert pol.keep(lookup_draft(3)) == 3 and pol.keep(model_draft([0.5])) == 0
+
+
+def test_a_plan_is_a_value_the_policy_no_longer_changes():
+    """The drafter reads the step's DraftPlan, never the policy: what it says stays put while the
+    policy observes the step (its cost rule is frozen at planning time)."""
+    pol = CostAwareDraftLength(8, ForwardCosts(GPU, 0.002))
+    plan = pol.plan(100)
+    p = np.array([0.9, 0.3], np.float32)
+    assert [plan.more(p[:1]), plan.more(p)] == [pol.more(p[:1]), pol.more(p)] == [True, False]
+    for _ in range(6):  # the policy learns that its drafts are never accepted ..
+        observe(pol, model_draft([0.95] * 8), 8, 0, 0.30, 0.10)
+    assert not pol.more(p[:1]) and pol.plan(100).worth_more.mean == 0.125
+    assert plan.more(p[:1]) and plan.worth_more.mean == 0.5  # .. the step's plan did not change
 
 
 def test_probe_sizes_are_one_half_and_the_ceiling():

@@ -1,7 +1,8 @@
-"""Who proposes the draft tokens: the Draft a proposal is, the Drafter interface, the draft model,
-prompt lookup, and the hybrid of both.
+"""Who proposes the draft tokens: the Drafter interface, the draft model, prompt lookup, and the
+hybrid of both (the verifier's MTP head: mtp.py; a draft with another vocabulary: foreign.py).
 
-A drafter proposes up to k tokens after the committed ones, as a :class:`Draft`; the engine's step
+A drafter proposes up to k tokens after the committed ones, as a Draft (draft.py), within the
+step's DraftPlan; the models draft through draft.py's one loop (SamplingDrafter); the engine's step
 (step.py) verifies them. Its lifecycle within a generation: ``reset(prompt)`` once, then per step
 ``room`` / ``propose``, then ``rollback`` to what was committed. ``resync`` puts it back after
 another generation used the shared draft context in between (an interleaved stream).
@@ -12,72 +13,16 @@ vocabulary size.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import numpy as np
 
 from ..llama import Context
-from ..sampling import EmptyMaskError, NativeSampler
+from ..sampling import NativeSampler
 from ..sampling.constraints import Constraint
-from .policy import DraftPolicy
+from .draft import Draft, DraftPlan, SamplingDrafter
 
-__all__ = ["Draft", "Drafter", "ModelDrafter", "NgramDrafter", "HybridDrafter", "SOURCES"]
-
-# Who proposed a drafted token: the draft model (sampled from its warped distribution p) or prompt
-# lookup (``ngram``: a token copied from the history, p one-hot there).
-SOURCES = ("model", "ngram")
-
-_NO_TOKENS = np.zeros(0, dtype=np.int32)
-
-
-@dataclass(frozen=True, eq=False)
-class Draft:
-    """One step's proposal d_1 .. d_k (k = 0: nothing proposed).
-
-    tokens: int32 [k], the drafted ids. probs: float32 [k, V], the warped draft distributions p_i
-    each token was sampled from, or None when there are none (a prompt-lookup proposal, p one-hot
-    at each drafted token, or k = 0): what the acceptance test is given. sources: [k], each
-    token's proposer, one of ``SOURCES``. p: float32 [k], p_i[d_i], the drafted tokens' own draft
-    probabilities (None with ``probs``). n_forwards: draft-model forward passes (``llama_decode``
-    calls) the proposal took. ``probs`` may view a drafter's buffer: valid until its next
-    ``propose``.
-    """
-
-    tokens: np.ndarray
-    probs: np.ndarray | None = None
-    sources: tuple[str, ...] = ()
-    p: np.ndarray | None = None
-    n_forwards: int = 0
-
-    @classmethod
-    def empty(cls, n_forwards: int = 0) -> "Draft":
-        """Nothing proposed (after ``n_forwards`` draft-model decodes, e.g. of pending tokens)."""
-        return cls(_NO_TOKENS, n_forwards=n_forwards)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def prefix(self, n: int) -> "Draft":
-        """The first ``n`` drafted tokens (0 <= n <= k) as a Draft of their own (same
-        ``n_forwards``)."""
-        if n == len(self):
-            return self
-        if n == 0:
-            return Draft.empty(self.n_forwards)
-        return Draft(self.tokens[:n], None if self.probs is None else self.probs[:n],
-                     self.sources[:n], None if self.p is None else self.p[:n], self.n_forwards)
-
-    @property
-    def lookup(self) -> bool:
-        """Prompt lookup proposed it (not empty, every token ``ngram``)."""
-        return bool(self.sources) and self.sources[0] == "ngram"
-
-    @property
-    def deterministic(self) -> bool:
-        """Tokens without distributions (p one-hot): prompt lookup, or a draft's text re-tokenised
-        by the verifier; not sampled under a grammar's mask, so the grammar checks them after."""
-        return len(self) > 0 and self.probs is None
+__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "HybridDrafter"]
 
 
 class Drafter(Protocol):
@@ -104,19 +49,19 @@ class Drafter(Protocol):
     def why_no_room(self, committed: Sequence[int]) -> str:
         """Why ``room`` is 0, in a few words (for the statistics)."""
 
-    def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
+    def propose(self, committed: list[int], plan: DraftPlan, sampler: NativeSampler,
                 grammar: Constraint | None = None) -> Draft:
-        """Draft up to ``k`` tokens after ``committed``; an empty Draft when ``policy.uses``
-        forbids its kind of proposal this step. ``grammar``: a sampling drafter samples each
+        """Draft up to ``plan.k`` tokens after ``committed``; an empty Draft when the plan does
+        not allow its kind of proposal this step. ``grammar``: a sampling drafter samples each
         token under the grammar's current mask and pushes it (so p is over the legal tokens, as q
-        will be); the engine checks a prompt-lookup proposal afterwards. Only reads ``policy``.
-        Raises what NativeSampler.draft and Context.decode raise (EngineError)."""
+        will be); the engine checks a prompt-lookup proposal afterwards. Raises what
+        NativeSampler.draft and Context.decode raise (EngineError)."""
 
     def rollback(self, n_keep: int) -> None:
         """Forget state past the first ``n_keep`` committed tokens."""
 
 
-class ModelDrafter:
+class ModelDrafter(SamplingDrafter):
     """Drafts by sampling the draft GGUF autoregressively from its warped distribution p.
 
     Its KV cache holds committed tokens ``offset ..`` (a prefix of them past the offset);
@@ -135,7 +80,7 @@ class ModelDrafter:
         self.n_logits = min(n_vocab, ctx.n_vocab)  # never propose an id the verifier lacks
         self.window = window
         self.offset = 0
-        self._probs = np.zeros((0, n_vocab), dtype=np.float32)  # grown by _buffer
+        self._rows_d = np.zeros((0, n_vocab), dtype=np.float32)  # p_1 .. p_k: SamplingDrafter._rows
 
     def reset(self, prompt: Sequence[int], *, reuse: bool, lazy: bool = False) -> int | None:
         """Hold the prompt but its last token (the last ``window`` of them when a window is set;
@@ -177,39 +122,10 @@ class ModelDrafter:
             return "a token the draft's vocabulary lacks"
         return "draft context full"
 
-    def _buffer(self, k: int) -> np.ndarray:
-        """The rows p_1 .. p_k are sampled into: float32 [k, V], grown on demand. Columns past the
-        draft's vocabulary stay 0 (it never proposes those ids)."""
-        if k > len(self._probs):
-            self._probs = np.zeros((k, self.n_vocab), dtype=np.float32)
-        return self._probs
+    # -- the draft loop's model (SamplingDrafter): columns past the draft's vocabulary stay 0
 
-    def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
-                grammar: Constraint | None = None) -> Draft:
-        if not policy.uses("model"):
-            return Draft.empty()  # the pending tokens wait: the next step that drafts decodes them
-        probs, tokens, p = self._buffer(k), np.zeros(k, np.int32), np.zeros(k, np.float32)
-        row = self.ctx.decode(self._pending(committed, self.ctx.n_past), n_logits=1)[0]
-        n_forwards, n = 1, 0
-        for i in range(k):
-            try:
-                d = sampler.draft(row[:self.n_logits], probs[i],
-                                  allowed=grammar.allowed() if grammar is not None else None)
-            except EmptyMaskError:  # the grammar allows only ids the draft's vocabulary lacks
-                break
-            if policy.too_unsure(probs[i]):
-                break  # the draft is unsure: verify what we have
-            if grammar is not None and not grammar.push(d):
-                break  # (never: d was sampled under the grammar's mask)
-            tokens[i], p[i] = d, probs[i, d]
-            n += 1
-            if i == k - 1 or self.ctx.model.is_eog(d) or not policy.more(p[:n]):
-                break  # nothing to propose after the last draft or an end-of-generation token
-            row = self.ctx.decode([d], n_logits=1, may_drop=n)[0]  # d_1 .. d_n may go
-            n_forwards += 1
-        if n == 0:
-            return Draft.empty(n_forwards)
-        return Draft(tokens[:n], probs[:n], ("model",) * n, p[:n], n_forwards)
+    def _start(self, committed: Sequence[int]) -> np.ndarray:
+        return self.ctx.decode(self._pending(committed, self.ctx.n_past), n_logits=1)[0]
 
     def rollback(self, n_keep: int) -> None:
         """Forget committed tokens past ``n_keep`` (a count of committed tokens, window included;
@@ -242,11 +158,11 @@ class NgramDrafter:
     def why_no_room(self, committed: Sequence[int]) -> str:
         return ""  # it always has room
 
-    def propose(self, committed: list[int], k: int, sampler: NativeSampler | None,
-                policy: DraftPolicy, grammar: Constraint | None = None) -> Draft:
-        if not policy.uses("ngram"):
+    def propose(self, committed: list[int], plan: DraftPlan, sampler: NativeSampler | None,
+                grammar: Constraint | None = None) -> Draft:
+        if not plan.uses("ngram"):
             return Draft.empty()
-        L = len(committed)
+        L, k = len(committed), plan.k
         for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
             pattern = committed[L - n:]
             for start in range(L - n - 1, -1, -1):
@@ -288,12 +204,12 @@ class HybridDrafter:
     def why_no_room(self, committed: Sequence[int]) -> str:
         return self.model.why_no_room(committed)
 
-    def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
+    def propose(self, committed: list[int], plan: DraftPlan, sampler: NativeSampler,
                 grammar: Constraint | None = None) -> Draft:
-        draft = self.lookup.propose(committed, k, sampler, policy, grammar)
+        draft = self.lookup.propose(committed, plan, sampler, grammar)
         if len(draft):
             return draft
-        return self.model.propose(committed, k, sampler, policy, grammar)
+        return self.model.propose(committed, plan, sampler, grammar)
 
     def rollback(self, n_keep: int) -> None:
         self.model.rollback(n_keep)

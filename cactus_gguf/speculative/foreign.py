@@ -34,11 +34,10 @@ import numpy as np
 
 from ..errors import InputError
 from ..llama import Context, Model
-from ..sampling import AcceptanceParams, EmptyMaskError, NativeSampler, SamplingParams
+from ..sampling import AcceptanceParams, NativeSampler, SamplingParams
 from ..sampling.constraints import Constraint
 from ..sampling.native import pack_allowed
-from .drafters import Draft
-from .policy import DraftPolicy
+from .draft import Draft, DraftPlan, SamplingDrafter
 from .vocab import VocabMismatchError, first_difference
 from .vocab_map import _BYTE, _CONTROL, _TEXT_TYPES, VocabInfo, VocabMap, piece_bytes, vocab_map
 
@@ -236,7 +235,7 @@ class PairVocab:
         return self._translator
 
 
-class ForeignDrafter:
+class ForeignDrafter(SamplingDrafter):
     """A draft model with its own vocabulary, drafting for the verifier (module docstring).
 
     ``mode``: ``intersect`` (also ``map``) or ``text``. The draft context holds the translation of
@@ -266,8 +265,9 @@ class ForeignDrafter:
         self._src: list[int] = []
         self._seq: list[int] = []
         self._ends: list[int] = []
-        self._probs_d = np.zeros((0, ctx.n_vocab), dtype=np.float32)
-        self._probs_v = np.zeros((0, n_vocab), dtype=np.float32)
+        self._rows_d = np.zeros((0, ctx.n_vocab), dtype=np.float32)  # p_i over the draft's ids
+        self._rows_v = np.zeros((0, n_vocab), dtype=np.float32)  # .. and over the verifier's
+        self._text_end: int | None = None  # text: the special token that ended the draft
 
     # -- the translation of the committed tokens --------------------------------------------------
 
@@ -323,30 +323,24 @@ class ForeignDrafter:
         held = self._seq[:self._ends[n_keep - 1]] if n_keep > 0 else []
         self.ctx.forget(self.ctx.shared_prefix(held))
 
-    def _first_row(self, committed: Sequence[int]) -> np.ndarray:
+    # -- the draft loop's model (SamplingDrafter) -------------------------------------------------
+
+    def _start(self, committed: Sequence[int]) -> np.ndarray:
         """Bring the context up to the committed tokens' translation; the draft's logits after
         it: float32 [V_d] (a view, valid until the next decode)."""
         seq = self._translate(committed)
         n = self.ctx.forget(min(self.ctx.shared_prefix(seq), len(seq) - 1))
         return self.ctx.decode(seq[n:], n_logits=1)[0]
 
-    def _buffers(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        if k > len(self._probs_d):
-            self._probs_d = np.zeros((k, self.ctx.n_vocab), dtype=np.float32)
-            self._probs_v = np.zeros((k, self.n_vocab), dtype=np.float32)
-        return self._probs_d, self._probs_v
+    def _sampler(self, sampler: NativeSampler) -> NativeSampler:
+        return self.sampler  # its own, over V_d
 
-    def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
-                grammar: Constraint | None = None) -> Draft:
-        if not policy.uses("model"):
-            return Draft.empty()
-        if self.mode == "text":
-            return self._propose_text(committed, k, policy)
-        return self._propose_mapped(committed, k, policy, grammar)
-
-    def _allowed(self, grammar: Constraint | None) -> np.ndarray:
+    def _allowed(self, grammar: Constraint | None) -> np.ndarray | None:
         """The packed draft ids that may be sampled: those with a counterpart, and under a
-        grammar only those whose counterpart it allows now."""
+        grammar only those whose counterpart it allows now (``text``: every id; the grammar
+        checks the re-tokenised text after)."""
+        if self.mode == "text":
+            return None
         if grammar is None:
             return self.tr.draftable
         legal_v = np.unpackbits(grammar.allowed().view(np.uint8), bitorder="little")
@@ -354,62 +348,45 @@ class ForeignDrafter:
         legal_d = (d2v >= 0) & (legal_v[np.maximum(d2v, 0)] == 1)
         return pack_allowed(legal_d)
 
-    def _propose_mapped(self, committed: list[int], k: int, policy: DraftPolicy,
-                        grammar: Constraint | None) -> Draft:
-        probs_d, probs_v = self._buffers(k)
-        tokens, p = np.zeros(k, np.int32), np.zeros(k, np.float32)
-        row = self._first_row(committed)
-        n_forwards, n, d2v = 1, 0, self.tr.d2v
-        for i in range(k):
-            try:
-                d = self.sampler.draft(row[:self.n_logits], probs_d[i],
-                                       allowed=self._allowed(grammar))
-            except EmptyMaskError:  # nothing the draft can say is legal here
-                break
-            if policy.too_unsure(probs_d[i]):
-                break
-            v = int(d2v[d])
-            if grammar is not None and not grammar.push(v):
-                break  # (never: d was sampled under the grammar's mask)
-            kept = np.flatnonzero(probs_d[i])
-            probs_v[i].fill(0.0)
-            np.add.at(probs_v[i], d2v[kept], probs_d[i, kept])  # draft ids sharing a verifier id
-            tokens[i], p[i] = v, probs_v[i, v]
-            n += 1
-            if i == k - 1 or self.ctx.model.is_eog(d) or not policy.more(p[:n]):
-                break
-            row = self.ctx.decode([d], n_logits=1, may_drop=n)[0]
-            n_forwards += 1
-        if n == 0:
-            return Draft.empty(n_forwards)
-        return Draft(tokens[:n], probs_v[:n], ("model",) * n, p[:n], n_forwards)
+    def _to_verifier(self, i: int, token: int) -> tuple[int, float] | None:
+        """The hook of a foreign vocabulary. ``intersect`` / ``map``: the verifier's id, and p_i
+        scattered into verifier ids (draft ids sharing a verifier id add up). ``text``: the draft
+        id itself (its text is re-tokenised after the loop, p one-hot: 1), None at an end of
+        generation or another special token (the text ends there)."""
+        if self.mode == "text":
+            if self.ctx.model.is_eog(token) or int(self.tr.draft.types[token]) not in _TEXT_TYPES:
+                self._text_end = token
+                return None
+            return token, 1.0
+        rows_v = self._rows_v
+        if len(rows_v) < len(self._rows_d):
+            rows_v = self._rows_v = np.zeros((len(self._rows_d), self.n_vocab), dtype=np.float32)
+        v, row_d, d2v = int(self.tr.d2v[token]), self._rows_d[i], self.tr.d2v
+        kept = np.flatnonzero(row_d)
+        rows_v[i].fill(0.0)
+        np.add.at(rows_v[i], d2v[kept], row_d[kept])
+        return v, float(rows_v[i, v])
 
-    def _propose_text(self, committed: list[int], k: int, policy: DraftPolicy) -> Draft:
-        probs_d, _ = self._buffers(1)
-        row = self._first_row(committed)
-        n_forwards, drafted, end = 1, [], None
-        for i in range(k):
-            d = self.sampler.draft(row[:self.ctx.n_vocab], probs_d[0])
-            if policy.too_unsure(probs_d[0]):
-                break
-            if self.ctx.model.is_eog(d) or int(self.tr.draft.types[d]) not in _TEXT_TYPES:
-                end = d  # an end of generation (or another special token): the text ends here
-                break
-            drafted.append(d)
-            if i == k - 1:
-                break
-            row = self.ctx.decode([d], n_logits=1, may_drop=len(drafted))[0]
-            n_forwards += 1
-        tokens = self._verifier_tokens(b"".join(Translator.token_bytes(self.tr.draft, d)
-                                                for d in drafted))[:k]
-        if end is not None and len(tokens) < k and self.ctx.model.is_eog(end) \
+    def _proposal(self, n: int) -> np.ndarray | None:
+        return None if self.mode == "text" else self._rows_v[:n]
+
+    def propose(self, committed: list[int], plan: DraftPlan, sampler: NativeSampler,
+                grammar: Constraint | None = None) -> Draft:
+        if self.mode != "text":
+            return super().propose(committed, plan, sampler, grammar)
+        self._text_end = None
+        drafted = super().propose(committed, plan, sampler, None)
+        tokens = self._verifier_tokens(b"".join(Translator.token_bytes(self.tr.draft, int(d))
+                                                for d in drafted.tokens))[:plan.k]
+        end = self._text_end
+        if end is not None and len(tokens) < plan.k and self.ctx.model.is_eog(end) \
                 and self.tr.d2v[end] >= 0:
             tokens.append(int(self.tr.d2v[end]))  # the verifier's end-of-generation token
         if not tokens:
-            return Draft.empty(n_forwards)
+            return Draft.empty(drafted.n_forwards)
         n = len(tokens)
         return Draft(np.array(tokens, dtype=np.int32), None, ("model",) * n,
-                     np.ones(n, dtype=np.float32), n_forwards)
+                     np.ones(n, dtype=np.float32), drafted.n_forwards)
 
     def _verifier_tokens(self, data: bytes) -> list[int]:
         """The verifier's tokens for the drafted bytes: its tokenizer's, when they spell the bytes

@@ -31,10 +31,7 @@ import numpy as np
 
 from ..llama import Context
 from ..llama import nextn
-from ..sampling import EmptyMaskError, NativeSampler
-from ..sampling.constraints import Constraint
-from .drafters import Draft
-from .policy import DraftPolicy
+from .draft import SamplingDrafter
 
 __all__ = ["MtpHead", "MtpDrafter"]
 
@@ -120,18 +117,19 @@ class MtpHead:
         return len(held)
 
 
-class MtpDrafter:
-    """Drafts with the verifier's own MTP head (the Drafter protocol of drafters.py): each token
-    sampled from the head's warped distribution p (under the grammar's mask), so every acceptance
-    rule sees the head's real probabilities."""
+class MtpDrafter(SamplingDrafter):
+    """Drafts with the verifier's own MTP head (the Drafter protocol of drafters.py) through the
+    one draft loop (draft.py): each token sampled from the head's warped distribution p (under the
+    grammar's mask), so every acceptance rule sees the head's real probabilities."""
 
     vocab_method, shared_v = "same", None
 
     def __init__(self, mtp: MtpHead, n_vocab: int) -> None:
-        self.mtp = mtp
+        self.mtp, self.ctx = mtp, mtp.head
         self.n_vocab = n_vocab
         self.n_logits = min(n_vocab, mtp.head.n_vocab)
-        self._probs = np.zeros((0, n_vocab), dtype=np.float32)
+        self._rows_d = np.zeros((0, n_vocab), dtype=np.float32)
+        self._base = 0  # the head's tokens before a draft: what it keeps after
 
     def reset(self, prompt: Sequence[int], *, reuse: bool, lazy: bool = False) -> int | None:
         """After the verifier holds the prompt but its last token: the head follows it (the
@@ -153,50 +151,27 @@ class MtpDrafter:
     def why_no_room(self, committed: Sequence[int]) -> str:
         return "MTP context full"
 
-    def _buffer(self, k: int) -> np.ndarray:
-        if k > len(self._probs):
-            self._probs = np.zeros((k, self.n_vocab), dtype=np.float32)
-        return self._probs
+    # -- the draft loop's model (SamplingDrafter) -------------------------------------------------
 
-    def propose(self, committed: list[int], k: int, sampler: NativeSampler, policy: DraftPolicy,
-                grammar: Constraint | None = None) -> Draft:
+    def _start(self, committed: Sequence[int]) -> np.ndarray | None:
         mtp, head = self.mtp, self.mtp.head
-        if not policy.uses("model"):
-            return Draft.empty()
         if not mtp.follows:  # a rollback past the last batch's rows (rare): decode again
             mtp.resync()
         # the head drafts from t_{L-1} paired with h_{L-2}: the verifier must hold exactly
         # committed[:-1] (after a rollback to a checkpoint it holds fewer: the verification
         # batch catches up, and this step is verifier-only)
         if mtp.ver.n_past != len(committed) - 1:
-            return Draft.empty()
-        base, E = head.n_past, mtp.E
-        probs, tokens, p = self._buffer(k), np.zeros(k, np.int32), np.zeros(k, np.float32)
-        row = head.decode_states(committed[-1:], mtp.h_last[None])
-        n_forwards, n = 1, 0
-        try:
-            for i in range(k):
-                try:
-                    d = sampler.draft(row[:self.n_logits], probs[i],
-                                      allowed=grammar.allowed() if grammar is not None else None)
-                except EmptyMaskError:
-                    break
-                if policy.too_unsure(probs[i]):
-                    break
-                if grammar is not None and not grammar.push(d):
-                    break
-                tokens[i], p[i] = d, probs[i, d]
-                n += 1
-                if i == k - 1 or head.model.is_eog(d) or not policy.more(p[:n]):
-                    break
-                h = nextn.embeddings_nextn_ith(head.ptr, -1, E)[None].copy()
-                row = head.decode_states([d], h)
-                n_forwards += 1
-        finally:
-            head.forget(base)  # the verification batch writes the true pairs there
-        if n == 0:
-            return Draft.empty(n_forwards)
-        return Draft(tokens[:n], probs[:n], ("model",) * n, p[:n], n_forwards)
+            return None
+        self._base = head.n_past
+        return head.decode_states(committed[-1:], mtp.h_last[None])
+
+    def _advance(self, token: int, n: int) -> np.ndarray:
+        # d_n paired with the head's own hidden row of the token before it
+        h = nextn.embeddings_nextn_ith(self.ctx.ptr, -1, self.mtp.E)[None].copy()
+        return self.ctx.decode_states([token], h)
+
+    def _finish(self) -> None:
+        self.ctx.forget(self._base)  # the verification batch writes the true pairs there
 
     def rollback(self, n_keep: int) -> None:
         """Mirror the verifier's rollback (the step made it first)."""

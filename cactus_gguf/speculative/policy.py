@@ -1,17 +1,14 @@
 """How many tokens to draft: the draft-length policy of a generation.
 
-A policy answers five questions for the engine's step (step.py), each a pure query (it changes
+A policy answers two questions for the engine's step (step.py), each a pure query (it changes
 nothing, so the order and number of the calls do not matter):
-- ``draft_length(limit)``: how many tokens to draft this step, at most ``limit`` (the room left
-  in both contexts, in one llama_decode batch, and before n_predict);
-- ``uses(source)``: whether this step may draft with the draft model (``"model"``) or with prompt
-  lookup (``"ngram"``); the drafters ask before proposing;
-- ``too_unsure(probs)``: after the draft sampled a token from its warped distribution ``probs``
-  (float32 [V]), whether to drop that token and stop drafting (llama.cpp ``--draft-p-min``);
-- ``more(p)``: after drafting tokens whose own draft probabilities are ``p`` (float32 [j]),
-  whether to draft another;
-- ``keep(draft)``: how many tokens of the Draft (drafters.py) to verify, a prefix (0 drops a draft
-  shorter than llama.cpp's ``--draft-min``: that step is verifier-only).
+- ``plan(limit)``: what this step may draft, as a DraftPlan (draft.py), a value the drafter
+  reads: the draft length k (at most ``limit``: the room left in both contexts, in one
+  llama_decode batch, and before n_predict), the proposers allowed (the draft model
+  ``"model"``, prompt lookup ``"ngram"``), llama.cpp's ``--draft-p-min``, and whether another
+  drafted token still pays given the drafted ones' own probabilities;
+- ``keep(draft)``: how many tokens of the Draft to verify, a prefix (0 drops a draft shorter
+  than llama.cpp's ``--draft-min``: that step is verifier-only).
 Its state changes in one place: ``observe(draft, outcome)``, once per step, with the draft the
 drafter proposed (grammar-checked, before ``keep``) and the step's StepOutcome (stats.py);
 adaptive policies learn from it and decide what the next step may do.
@@ -20,28 +17,24 @@ from __future__ import annotations
 
 import bisect
 import logging
-from typing import TYPE_CHECKING, Protocol, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from .draft import SOURCES, Draft, DraftPlan
 
 if TYPE_CHECKING:
     from ..stats import StepOutcome
-    from .drafters import Draft
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DraftPolicy", "FixedDraftLength", "ForwardCosts", "AcceptanceModel",
            "CostAwareDraftLength"]
 
 
 class DraftPolicy(Protocol):
-    def draft_length(self, limit: int) -> int: ...
-
-    def uses(self, source: str) -> bool: ...
-
-    def too_unsure(self, probs: np.ndarray) -> bool: ...
-
-    def more(self, p: np.ndarray) -> bool: ...
+    def plan(self, limit: int) -> DraftPlan: ...
 
     def keep(self, draft: Draft) -> int: ...
 
@@ -55,24 +48,14 @@ class FixedDraftLength:
     def __init__(self, k: int, draft_min: int = 0, draft_p_min: float = 0.0) -> None:
         self.k, self.draft_min, self.draft_p_min = k, draft_min, draft_p_min
 
-    def draft_length(self, limit: int) -> int:
-        return min(self.k, limit)
-
-    def too_unsure(self, probs: np.ndarray) -> bool:
-        # compared in float32, as the row (NumPy's rule for a Python float against float32)
-        return self.draft_p_min > 0.0 and bool(probs.max() < self.draft_p_min)
-
-    def uses(self, source: str) -> bool:
-        return True
+    def plan(self, limit: int) -> DraftPlan:
+        return DraftPlan(max(0, min(self.k, limit)), frozenset(SOURCES), self.draft_p_min)
 
     def keep(self, draft: Draft) -> int:
         return len(draft) if len(draft) >= self.draft_min else 0
 
     def observe(self, draft: Draft, outcome: StepOutcome) -> None:
         pass
-
-    def more(self, p: np.ndarray) -> bool:
-        return True
 
     @classmethod
     def from_request(cls, request) -> "FixedDraftLength":
@@ -172,18 +155,20 @@ class AcceptanceModel:
         self.n = [0] * self.N_BUCKETS
         self.mean = prior  # the overall rate, shrunk: kept up to date by update
 
-    def _bucket(self, p: float) -> int:
-        return min(self.N_BUCKETS - 1, max(0, int(p * self.N_BUCKETS)))
+    @classmethod
+    def bucket(cls, p: float) -> int:
+        """The bucket of a draft probability p."""
+        return min(cls.N_BUCKETS - 1, max(0, int(p * cls.N_BUCKETS)))
 
     def estimate(self, p: float) -> float:
-        b = self._bucket(p)
+        b = self.bucket(p)
         return (self.acc[b] + 2.0 * self.mean) / (self.n[b] + 2.0)
 
     def update(self, draft_probs: list[float], n_accepted: int) -> None:
         """The drafted tokens' p[n] of one step, in order, and how many were accepted: the first
         n_accepted were, the next (if any) was rejected, the rest were never tested."""
         for i, p in enumerate(draft_probs[:n_accepted + 1]):
-            b = self._bucket(p)
+            b = self.bucket(p)
             self.n[b] += 1
             self.acc[b] += i < n_accepted
         self.mean = (sum(self.acc) + 2.0 * self.prior) / (sum(self.n) + 2.0)
@@ -216,6 +201,39 @@ class _Channel:
             if not measured:  # the other channel proposed, or this one found nothing: take the
                 self.backoff = max(lo, self.backoff // 2)  # probe back, the next step probes again
                 self.paused_steps = self.backoff
+
+
+@dataclass(frozen=True)
+class _WorthMore:
+    """CostAwareDraftLength's rule for drafting another token, for one step (its DraftPlan's
+    ``worth_more``): given drafted tokens' own probabilities p (float32 [j]), with A_j, E_j and
+    T_j as the class docstring defines them, draft another when its expected gain A_j · m per
+    its marginal cost c_d + c_v(j+2) − c_v(j+1) is at least the step's rate so far E_j / T_j
+    (always below ``draft_min``).
+
+    estimates: the acceptance model's estimate per bucket of p (AcceptanceModel). mean: m.
+    draft: c_d, seconds. verify: c_v(b) for b = 0 .. k + 2, seconds.
+    """
+
+    estimates: tuple[float, ...]
+    mean: float
+    draft: float
+    verify: tuple[float, ...]
+    draft_min: int
+
+    def __call__(self, p: np.ndarray) -> bool:
+        j = len(p)
+        if j < self.draft_min:
+            return True
+        a_run, e = 1.0, 1.0
+        for x in p:
+            a_run *= self.estimates[AcceptanceModel.bucket(float(x))]  # A_j: the first j accepted
+            e += a_run  # E_j
+        c_v = self.verify
+        rate = e / (j * self.draft + c_v[j + 1])  # E_j / T_j
+        gain = a_run * self.mean
+        cost = self.draft + c_v[j + 2] - c_v[j + 1]
+        return cost <= 0 or gain / cost >= rate
 
 
 class CostAwareDraftLength:
@@ -310,14 +328,6 @@ class CostAwareDraftLength:
     def _plan(self) -> dict[str, str]:
         return {kind: self._verdict(kind) for kind in self._channels} if self.k >= 1 else {}
 
-    def _run(self, p: Sequence[float]) -> tuple[float, float]:
-        """A_j and E_j of drafted tokens with draft probabilities ``p`` (j = len(p))."""
-        a_run, e = 1.0, 1.0
-        for x in p:
-            a_run *= self.acceptance.estimate(float(x))  # A_j: the first j all accepted
-            e += a_run  # E_j
-        return a_run, e
-
     # -- the DraftPolicy protocol: queries ---------------------------------------------------------
 
     def draft_length(self, limit: int) -> int:
@@ -328,19 +338,27 @@ class CostAwareDraftLength:
     def uses(self, source: str) -> bool:
         return self._verdicts.get(source) in ("on", "probe")
 
-    def too_unsure(self, probs: np.ndarray) -> bool:
-        return self.draft_p_min > 0.0 and bool(probs.max() < self.draft_p_min)
+    def plan(self, limit: int) -> DraftPlan:
+        return DraftPlan(self.draft_length(limit),
+                         frozenset(kind for kind in self._verdicts if self.uses(kind)),
+                         self.draft_p_min, self._worth_more())
 
     def more(self, p: np.ndarray) -> bool:
-        j = len(p)
-        if self._verdicts.get("model") == "probe" or j < self.draft_min:
-            return True
-        a_run, e = self._run(p)
-        c = self.costs
-        rate = e / (j * c.draft + c.verify(j + 1))  # E_j / T_j
-        gain = a_run * self.acceptance.mean
-        cost = c.draft + c.verify(j + 2) - c.verify(j + 1)
-        return cost <= 0 or gain / cost >= rate
+        """After drafting tokens whose own draft probabilities are ``p`` (float32 [j]), whether
+        to draft another (what the coming step's plan says)."""
+        worth = self._worth_more()
+        return worth is None or worth(p)
+
+    def _worth_more(self) -> "_WorthMore | None":
+        """The coming step's rule for drafting another token, frozen (None: a probe drafts to
+        the ceiling)."""
+        if self._verdicts.get("model") == "probe":
+            return None
+        a, c = self.acceptance, self.costs
+        return _WorthMore(tuple((a.acc[b] + 2.0 * a.mean) / (a.n[b] + 2.0)
+                                for b in range(a.N_BUCKETS)),
+                          a.mean, c.draft, tuple(c.verify(b) for b in range(self.k + 3)),
+                          self.draft_min)
 
     def keep(self, draft: Draft) -> int:
         n, kind = len(draft), "ngram" if draft.lookup else "model"

@@ -1,9 +1,10 @@
 """One step of speculative decoding, top to bottom: draft, verify, accept, commit.
 
 For committed tokens t_0 .. t_{L-1} (t_{L-1} pending in both contexts; glossary in engine.py):
-  draft:   the policy picks k; the drafter proposes d_1 .. d_k as a Draft (drafters.py); a
-           deterministic proposal (prompt lookup, a foreign draft's re-tokenised text) is cut at
-           the first token the grammar refuses; the policy keeps the prefix worth verifying;
+  draft:   the policy plans the step (a DraftPlan: k, ...); the drafter proposes d_1 .. d_k as a
+           Draft (draft.py); a deterministic proposal (prompt lookup, a foreign draft's
+           re-tokenised text) is cut at the first token the grammar refuses; the policy keeps
+           the prefix worth verifying;
   verify:  one verifier decode of [t_{L-1}, d_1 .. d_k] with logits for all k+1 rows
            (float32 [k+1, V], read in place);
   accept:  the native helper returns AL and the residual / bonus token (a request that does not
@@ -22,7 +23,7 @@ from ..llama import Context
 from ..sampling.native import StepResult
 from ..stats import StepOutcome
 from .costs import SlowStepWatch
-from .drafters import Draft
+from .draft import Draft, DraftPlan
 from .session import Session
 
 __all__ = ["run_step"]
@@ -40,12 +41,12 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
         session.stop("length", f"context full (n_ctx={ver.n_ctx})")
         return []
     # ... and the batch must fit one llama_decode: k <= n_batch - 1
-    k = policy.draft_length(min(session.remaining - 1, room, ver.n_batch - 1))
+    plan = policy.plan(min(session.remaining - 1, room, ver.n_batch - 1))
     if grammar is not None:
-        grammar.start(k)  # row 0: the committed output's mask
+        grammar.start(plan.k)  # row 0: the committed output's mask
 
     t_draft = time.perf_counter()
-    proposal = _propose(session, k)
+    proposal = _propose(session, plan)
     legal = proposal  # a deterministic proposal: up to the first token the grammar refuses
     if grammar is not None and proposal.deterministic:
         legal = proposal.prefix(grammar.extend(proposal.tokens, len(proposal)))
@@ -91,17 +92,17 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
     return pieces
 
 
-def _propose(session: Session, k: int) -> Draft:
-    """The drafter's proposal of at most ``k`` tokens; empty when there is no drafter (any more)
-    or no room, and then, for want of room, the verifier decodes alone from here."""
+def _propose(session: Session, plan: DraftPlan) -> Draft:
+    """The drafter's proposal within ``plan``; empty when there is no drafter (any more) or no
+    room, and then, for want of room, the verifier decodes alone from here."""
     drafter, committed = session.drafter, session.committed
-    if drafter is None or k <= 0:
+    if drafter is None or plan.k <= 0:
         return Draft.empty()
     room = drafter.room(committed)
     if room < 1:
         session.stop_drafting(drafter.why_no_room(committed))
         return Draft.empty()
-    return drafter.propose(committed, min(k, room), session.sampler, session.policy,
+    return drafter.propose(committed, plan.at_most(room), session.sampler,
                            grammar=session.constraint)
 
 

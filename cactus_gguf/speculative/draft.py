@@ -1,0 +1,211 @@
+"""A step's proposal: what the policy allows (:class:`DraftPlan`), what a drafter proposes
+(:class:`Draft`), and the one loop every sampling drafter drafts with (:class:`SamplingDrafter`).
+
+The policy (policy.py) decides a plan per step; the drafters (drafters.py, foreign.py, mtp.py) read
+it and never call back into the policy; the step (step.py) verifies the Draft. Dimension letters:
+V = the verifier's vocabulary size, V_d = a draft's (its rows), k = draft length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+from ..sampling import EmptyMaskError, NativeSampler
+from ..sampling.constraints import Constraint
+
+if TYPE_CHECKING:
+    from ..llama import Context
+
+__all__ = ["SOURCES", "Draft", "DraftPlan", "SamplingDrafter"]
+
+# Who proposed a drafted token: a model (sampled from its warped distribution p: the draft GGUF, a
+# foreign draft, the verifier's MTP head) or prompt lookup (``ngram``: a token copied from the
+# history, p one-hot there).
+SOURCES = ("model", "ngram")
+
+_NO_TOKENS = np.zeros(0, dtype=np.int32)
+
+
+@dataclass(frozen=True, eq=False)
+class Draft:
+    """One step's proposal d_1 .. d_k (k = 0: nothing proposed).
+
+    tokens: int32 [k], the drafted ids. probs: float32 [k, V], the warped draft distributions p_i
+    each token was sampled from, or None when there are none (a prompt-lookup proposal, p one-hot
+    at each drafted token, or k = 0): what the acceptance test is given. sources: [k], each
+    token's proposer, one of ``SOURCES``. p: float32 [k], p_i[d_i], the drafted tokens' own draft
+    probabilities (None with ``probs``). n_forwards: draft-model forward passes (``llama_decode``
+    calls) the proposal took. ``probs`` may view a drafter's buffer: valid until its next
+    ``propose``.
+    """
+
+    tokens: np.ndarray
+    probs: np.ndarray | None = None
+    sources: tuple[str, ...] = ()
+    p: np.ndarray | None = None
+    n_forwards: int = 0
+
+    @classmethod
+    def empty(cls, n_forwards: int = 0) -> "Draft":
+        """Nothing proposed (after ``n_forwards`` draft-model decodes, e.g. of pending tokens)."""
+        return cls(_NO_TOKENS, n_forwards=n_forwards)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def prefix(self, n: int) -> "Draft":
+        """The first ``n`` drafted tokens (0 <= n <= k) as a Draft of their own (same
+        ``n_forwards``)."""
+        if n == len(self):
+            return self
+        if n == 0:
+            return Draft.empty(self.n_forwards)
+        return Draft(self.tokens[:n], None if self.probs is None else self.probs[:n],
+                     self.sources[:n], None if self.p is None else self.p[:n], self.n_forwards)
+
+    @property
+    def lookup(self) -> bool:
+        """Prompt lookup proposed it (not empty, every token ``ngram``)."""
+        return bool(self.sources) and self.sources[0] == "ngram"
+
+    @property
+    def deterministic(self) -> bool:
+        """Tokens without distributions (p one-hot): prompt lookup, or a draft's text re-tokenised
+        by the verifier; not sampled under a grammar's mask, so the grammar checks them after."""
+        return len(self) > 0 and self.probs is None
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    """What one step may draft: a value the policy hands the drafter (it reads it; the policy is
+    not called back while drafting).
+
+    k: the most tokens to draft (0: a verifier-only step). sources: the proposers allowed this
+    step (a subset of ``SOURCES``). p_min: a sampled token whose warped row's largest probability
+    is below it is dropped and drafting stops (llama.cpp's ``--draft-p-min``; 0: never).
+    worth_more: given the drafted tokens' own probabilities p (float32 [j]), whether drafting
+    another still pays (a snapshot of the cost-aware rule, policy.py); None: always, up to k.
+    """
+
+    k: int
+    sources: frozenset[str] = frozenset(SOURCES)
+    p_min: float = 0.0
+    worth_more: Callable[[np.ndarray], bool] | None = None
+
+    def uses(self, source: str) -> bool:
+        return self.k > 0 and source in self.sources
+
+    def too_unsure(self, probs: np.ndarray) -> bool:
+        # compared in float32, as the row (NumPy's rule for a Python float against float32)
+        return self.p_min > 0.0 and bool(probs.max() < self.p_min)
+
+    def more(self, p: np.ndarray) -> bool:
+        return self.worth_more is None or self.worth_more(p)
+
+    def at_most(self, k: int) -> "DraftPlan":
+        """The same plan with at most ``k`` tokens (a drafter's room)."""
+        return self if k >= self.k else replace(self, k=max(0, k))
+
+
+class SamplingDrafter:
+    """The one draft loop of every drafter that samples a model token by token (the draft GGUF,
+    a foreign draft, the verifier's MTP head): d_i is drawn from the warped row p_i under the
+    grammar's mask, dropped when the plan finds the row too unsure, mapped to the verifier's id,
+    pushed to the grammar; drafting stops after the k-th token, an end-of-generation token, or
+    when the plan says another would not pay; otherwise the model decodes d_i for the next row.
+
+    A subclass says how its model reaches the first row (``_start``), and, for a vocabulary that
+    is not the verifier's, how an id and its row become the verifier's (``_to_verifier``,
+    ``_proposal``); a model that is not a plain context (the MTP head) also how the next row is
+    reached (``_advance``, ``_finish``, ``_is_eog``). Attributes it sets: ``ctx`` (the model's
+    Context), ``n_logits`` (the ids its rows may propose: a prefix of the row) and ``_rows_d``
+    (grown by ``_rows``: float32 [>= k, W], the rows p_i are sampled into, W its sampler's
+    vocabulary).
+    """
+
+    ctx: Context
+    n_logits: int
+    _rows_d: np.ndarray
+
+    # -- what a subclass provides --------------------------------------------------------------
+
+    def _start(self, committed: Sequence[int]) -> np.ndarray | None:
+        """Bring the model up to ``committed``; the logits of its first draft position (float32
+        [>= n_logits], valid until the next decode), or None when it cannot draft this step."""
+        raise NotImplementedError
+
+    def _advance(self, token: int, n: int) -> np.ndarray:
+        """Decode the drafted ``token`` (the n-th; d_1 .. d_n may be rolled back); the next
+        row's logits."""
+        return self.ctx.decode([token], n_logits=1, may_drop=n)[0]
+
+    def _finish(self) -> None:
+        """After drafting (also on an error), once ``_start`` returned a row."""
+
+    def _is_eog(self, token: int) -> bool:
+        return self.ctx.model.is_eog(token)
+
+    def _sampler(self, sampler: NativeSampler) -> NativeSampler:
+        """The sampler its rows are drawn with (the request's, unless it has its own)."""
+        return sampler
+
+    def _allowed(self, grammar: Constraint | None) -> np.ndarray | None:
+        """The packed mask of ids its rows may draw now (None: every id)."""
+        return grammar.allowed() if grammar is not None else None
+
+    def _to_verifier(self, i: int, token: int) -> tuple[int, float] | None:
+        """Draft ``i``'s verifier id and its own draft probability p_i[d_i] (row i of
+        ``_rows_d`` holds the law it was drawn from); None ends the draft before it. The same
+        vocabulary: the id itself."""
+        return token, float(self._rows_d[i, token])
+
+    def _proposal(self, n: int) -> np.ndarray | None:
+        """The n drafts' laws over the verifier's ids: float32 [n, V] (None: one-hot)."""
+        return self._rows_d[:n]
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def _rows(self, k: int, width: int) -> np.ndarray:
+        """``_rows_d`` with at least ``k`` rows of ``width`` (grown on demand, zero-filled: a
+        narrower model's rows stay 0 past its ids)."""
+        if k > len(self._rows_d):
+            self._rows_d = np.zeros((k, width), dtype=np.float32)
+        return self._rows_d
+
+    def propose(self, committed: list[int], plan: DraftPlan, sampler: NativeSampler,
+                grammar: Constraint | None = None) -> Draft:
+        """Draft up to ``plan.k`` tokens after ``committed`` (the Drafter protocol, drafters.py).
+        Raises what NativeSampler.draft and the model's decodes raise (EngineError)."""
+        if not plan.uses("model"):
+            return Draft.empty()  # pending tokens wait: the next step that drafts decodes them
+        row = self._start(committed)
+        if row is None:
+            return Draft.empty()
+        k, sampler = plan.k, self._sampler(sampler)
+        rows = self._rows(k, sampler.n_vocab)
+        tokens, p = np.zeros(k, np.int32), np.zeros(k, np.float32)
+        n_forwards, n = 1, 0
+        try:
+            for i in range(k):
+                try:
+                    d = sampler.draft(row[:self.n_logits], rows[i], allowed=self._allowed(grammar))
+                except EmptyMaskError:  # the grammar allows only ids this model cannot say
+                    break
+                if plan.too_unsure(rows[i]):
+                    break  # the draft is unsure: verify what we have
+                taken = self._to_verifier(i, d)
+                if taken is None or (grammar is not None and not grammar.push(taken[0])):
+                    break  # (push never fails: d was sampled under the grammar's mask)
+                tokens[i], p[i] = taken
+                n += 1
+                if i == k - 1 or self._is_eog(d) or not plan.more(p[:n]):
+                    break  # nothing to propose after the last draft or an end-of-generation token
+                row = self._advance(d, n)
+                n_forwards += 1
+        finally:
+            self._finish()
+        if n == 0:
+            return Draft.empty(n_forwards)
+        return Draft(tokens[:n], self._proposal(n), ("model",) * n, p[:n], n_forwards)
