@@ -244,7 +244,8 @@ class ForeignDrafter(SamplingDrafter):
 
     Args:
         ctx: the draft model's context. translator: the pair's Translator. mode: as above.
-        sampling: the request's warps (the verifier's). seed: the request's seed.
+        sampling: the draft's warps (the request's, at its draft temperature). seed: the
+            request's seed.
         tokenize: the verifier's tokenizer (text -> ids, no BOS, no special-token parsing), for
             ``text``. n_vocab: V_v, the width of the probability rows ``propose`` returns.
     """
