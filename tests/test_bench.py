@@ -320,6 +320,13 @@ def test_prompt_file_errors_name_the_line(tmp_path):
         bench.load_prompts_jsonl(tmp_path / "missing.jsonl")
 
 
+def test_a_prompt_file_with_a_byte_order_mark(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"id": "a", "prompt": "hello"}\n')
+    [p] = bench.load_prompts_jsonl(path)
+    assert (p.id, p.text) == ("a", "hello")
+
+
 def test_plan_without_draft_runs_only_draft_free_configs(tiny_pair, prompt_file):
     ver, _ = tiny_pair
     plan = bench.plan_bench(dict(model=str(ver), prompts=str(prompt_file)))

@@ -1,12 +1,12 @@
 """The CLI process's input and output (issue "Reliability, round 2"): what a new user broke,
 each with the test that catches its return.
 
-0. resource tests that fail on allocator noise: tests/test_reliability_resources.py (trend tests)
+0. resource tests that fail on allocator noise: tests/test_loading.py (trend tests)
 1. two threads on one engine: tests/test_engine.py::test_two_threads_on_one_engine_are_served...
 2. interleaved streams: tests/test_engine.py::test_interleaved_streams_and_a_generate_in_between...
 5. stop as a string, bytes prompts: tests/test_engine.py::test_stop_as_a_string_is_one_stop...
 6. offline mode: tests/test_registry.py::test_offline_never_runs_pip (and the hub / CLI ones)
-14. errors name the flag: tests/test_reliability_cli.py::PARAM_CASES
+14. errors name the flag: tests/test_cli.py::PARAM_CASES
 The CLI items are here (the real ``python -m cactus_gguf`` in a subprocess).
 """
 from __future__ import annotations

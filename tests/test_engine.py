@@ -187,6 +187,15 @@ def test_request_objects_are_frozen_and_validated():
         r.replace(draft_min=4)
 
 
+def test_float_token_ids_are_refused(tiny_pair):
+    with make_engine(*tiny_pair) as eng:
+        with pytest.raises(InputError, match=r"prompt token ids must be integers, got 1.5"):
+            eng.generate([1, 1.5], n_predict=2)
+        with pytest.raises(InputError, match=r"got True"):
+            eng.generate([1, True], n_predict=2)
+        assert eng.generate([1, 259], n_predict=2, seed=0).stats.n_prompt_tokens == 2
+
+
 def test_stream_chunks_say_where_each_piece_of_text_came_from(engine):
     want = engine.generate(PROMPTS[0], n_predict=40, seed=5, cache_prompt=False)
     s = engine.stream(PROMPTS[0], n_predict=40, seed=5, cache_prompt=False)

@@ -197,6 +197,14 @@ def test_coverage_is_the_verifiers_mass_on_the_shared_tokens(models):
             pytest.approx(1.0, abs=1e-6)
 
 
+def test_vocab_coverage_is_a_mass_at_most_one():
+    from cactus_gguf.stats import GenerationStats
+
+    s = GenerationStats(coverage_sum=3.000000012, n_coverage=3)
+    assert s.vocab_coverage == 1.0
+    assert GenerationStats().vocab_coverage is None
+
+
 def test_a_grammar_with_a_foreign_draft_keeps_to_the_grammar(models):
     with make_engine(models["ver"], models["foreign"], temp=1.0, top_k=0, k=3,
                      grammar='root ::= ("the" | " cat" | " sat")+') as eng:

@@ -1,6 +1,8 @@
-"""Machine facts off Linux: with /proc/cpuinfo unavailable (and os.sysconf gone, as on Windows),
+"""Machine facts: off Linux, with /proc/cpuinfo unavailable (and os.sysconf gone, as on Windows),
 the CPU name, flags, memory and the AMX guard come from each platform's own source, or degrade
-to "unknown" without an error. The Linux path itself is covered in test_reliability_cli.py."""
+to "unknown" without an error; on Linux, the AMX guard (llama.cpp issue #20824: weight repacking
+off exactly when the CPU and the build both have AMX) reads /proc/cpuinfo and the build's system
+info, and its choice reaches llama.cpp."""
 from __future__ import annotations
 
 import os
@@ -68,3 +70,74 @@ def test_the_real_fallbacks_never_raise_here(no_proc, monkeypatch):
     facts = hw.machine_facts()
     assert isinstance(facts["cpu"], str) and facts["cpu"]
     assert facts["memory_bytes"] is None and isinstance(facts["simd"], list)
+
+
+# ---- Linux: /proc/cpuinfo, the build's system info, the AMX guard (llama.cpp issue #20824) ------
+
+@pytest.mark.parametrize("cpu,build,expected", [(True, True, False), (True, False, True),
+                                                (False, True, True), (False, False, True)])
+def test_repacking_is_off_exactly_when_cpu_and_build_have_amx(monkeypatch, cpu, build, expected):
+    from cactus_gguf.llama import ModelOptions, model
+
+    monkeypatch.setattr(model, "cpu_has_amx", lambda: cpu)
+    monkeypatch.setattr(model, "build_has_amx", lambda: build)
+    assert ModelOptions().resolved_repack() is expected
+    # an explicit choice wins
+    assert ModelOptions(repack=True).resolved_repack() is True
+    assert ModelOptions(repack=False).resolved_repack() is False
+
+
+@pytest.mark.parametrize("flags,expected", [
+    ("fpu avx2 avx512f amx_bf16 amx_tile amx_int8 avx512_fp16", True),
+    ("fpu avx2 avx512f amx_bf16 amx_tile", False),   # no AMX_INT8
+    ("fpu avx2 amx_int8x", False),                   # a whole flag, not a substring
+    (None, False),                                   # no flags line (e.g. ARM)
+])
+def test_cpu_amx_detection_reads_the_cpuinfo_flags(monkeypatch, tmp_path, flags, expected):
+    fake = tmp_path / "cpuinfo"
+    fake.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\n"
+                    + (f"flags\t\t: {flags}\n" if flags else "Features\t: fp asimd\n"))
+    real_open = open
+    monkeypatch.setattr(hw, "open",
+                        lambda path, *a, **kw: real_open(fake if path == "/proc/cpuinfo" else path,
+                                                         *a, **kw), raising=False)
+    assert hw.cpu_has_amx() is expected
+
+
+def test_cpu_amx_detection_survives_an_unreadable_cpuinfo(monkeypatch):
+    def denied(*a, **kw):
+        raise PermissionError("denied")
+
+    monkeypatch.setattr(hw, "open", denied, raising=False)
+    assert hw.cpu_has_amx() is False
+
+
+def test_build_amx_detection_reads_the_system_info(monkeypatch):
+    import llama_cpp
+
+    monkeypatch.setattr(llama_cpp, "llama_print_system_info",
+                        lambda: b"CPU : AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1 |")
+    assert hw.build_has_amx() is True
+    monkeypatch.setattr(llama_cpp, "llama_print_system_info",
+                        lambda: b"CPU : AVX2 = 1 | AVX512 = 1 | REPACK = 1 |")
+    assert hw.build_has_amx() is False
+
+
+def test_the_resolved_repack_choice_reaches_llama_cpp(tiny_pair, monkeypatch):
+    from llama_cpp import _internals
+
+    from cactus_gguf.llama import Context, ContextOptions, model
+
+    seen = []
+    real = _internals.LlamaModel.__init__
+
+    def spy(self, *a, params, **kw):
+        seen.append(bool(params.use_extra_bufts))
+        real(self, *a, params=params, **kw)
+
+    monkeypatch.setattr(_internals.LlamaModel, "__init__", spy)
+    for cpu, build in ((True, True), (False, True)):
+        monkeypatch.setattr(model, "cpu_has_amx", lambda: cpu)
+        monkeypatch.setattr(model, "build_has_amx", lambda: build)
+        Context.load(tiny_pair[0], context_options=ContextOptions(n_ctx=256, n_threads=1)).close()
+    assert seen == [False, True]

@@ -145,3 +145,11 @@ def test_each_option_is_declared_once():
         flags = [f for o in options.options_in(command=command) for f in o.flags
                  if f.startswith("-")]
         assert len(flags) == len(set(flags)), command
+
+
+def test_a_stop_list_with_a_non_string_names_the_item():
+    from cactus_gguf.options import Request
+
+    with pytest.raises(InputError, match=r"^stop must be a string or a list of strings, got None "
+                                         r"in the list$"):
+        Request(stop=["a", None])

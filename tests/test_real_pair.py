@@ -105,3 +105,20 @@ def test_cli_a_draft_of_another_vocabulary_is_served_and_same_refuses_it(qwen_pa
                                                    "verifier qwen2.5-coder-1.5b"), r.stderr
     assert "the tokenizers differ (39234 of the draft's 49135 text tokens" in lines[0]
     assert "Traceback" not in r.stderr
+
+
+def test_real_pair_runs_on_this_machine(qwen_pair):
+    """The Q4_K_M pair that segfaults with AMX repacking runs (on an AMX machine with an AMX
+    build the guard is what keeps it alive)."""
+    from cactus_gguf.llama import build_has_amx, cpu_has_amx
+
+    amx = cpu_has_amx() and build_has_amx()
+    print(f"AMX: cpu {cpu_has_amx()}, build {build_has_amx()}; "
+          f"repacking {'off' if amx else 'on'}")
+    ver, dft = qwen_pair
+    r = run_cli("run", ver, dft, "-p", "def add(a, b):", "-n", "8", "-c", "512", "--temp", "0",
+                "-k", "4", "-t", "1", timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    assert "return" in r.stdout
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("cactus-gguf: answer ") and " | 8 tokens in " in last, last

@@ -3,7 +3,7 @@
 both, through the engine, the CLI (run, bench, serve) and the Python API.
 
 Greedy runs equal the verifier alone (up to a near-tie of its top two logits, as
-test_reliability_greedy allows); the first emitted token follows the exact law (chi-square,
+tests/test_decoding.py allows); the first emitted token follows the exact law (chi-square,
 alpha = 0.001, fixed seeds); after long sampled runs full of rejections both contexts hold the
 state a fresh prefill of their tokens gives.
 """

@@ -819,3 +819,11 @@ def test_cli_models_and_pull_errors():
     assert out.exit_code == 1
     assert out.output.strip().count("\n") == 0 and "did you mean" in out.output
     assert "Traceback" not in out.output
+
+
+def test_the_registry_calls_smollm2_a_foreign_draft():
+    from support.harness import run_cli
+
+    r = run_cli("models")
+    assert r.returncode == 0, r.stderr
+    assert "not a valid draft" not in r.stdout and "a foreign draft for the Qwen models" in r.stdout

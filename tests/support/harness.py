@@ -3,7 +3,8 @@
 - ``KvShadow``: records the token ids each context's KV cache holds, from the decode / truncate /
   clear calls, so tests can check "each context holds exactly the committed prefix" after every step
   independently of the context's own bookkeeping (``Context.tokens``).
-- ``track_loads``, ``rss_mib``, ``mappings_of``, ``memory_slope``: resources and their trends.
+- ``track_loads``, ``rss_mib``, ``mappings_of``, ``memory_slope``, ``load_free_cycles``,
+  ``report_resources``: resources and their trends.
 - ``run_cli`` / ``assert_one_line_error``: the real ``python -m cactus_gguf`` in a subprocess.
 - ``ctx`` / ``make_engine`` / ``StepLog``: engines over tiny models and a log of their steps.
 """
@@ -154,6 +155,44 @@ def memory_slope(samples: Sequence[float]) -> float:
     a = np.asarray(samples, dtype=np.float64)
     half = len(a) // 2
     return float(min(theilslopes(a[:half]).slope, theilslopes(a[half:]).slope))
+
+
+def load_free_cycles(ver, dft, n: int, context, generate: bool = True,
+                     repack: bool | None = None, leak_mib: float = 0.0):
+    """n cycles of: load both models (contexts, KV caches, vocabulary check), optionally generate
+    a few tokens, free everything. Returns, after each cycle, the anonymous resident memory (MiB,
+    ``rss_mib``), the seconds it took and how many mappings of the model files remain.
+    ``leak_mib`` > 0 keeps that much touched memory per cycle (a deliberate leak, to show that
+    the trend test sees one). ``context``: the ContextOptions whose n_ctx / n_batch / n_threads
+    both models load with."""
+    import time
+
+    from cactus_gguf.options import LoadOptions, Request
+    from cactus_gguf.speculative import Engine
+
+    load = LoadOptions(n_ctx=context.n_ctx, n_batch=context.n_batch, n_threads=context.n_threads)
+    rss, secs, maps, kept = [], [], [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        with Engine(ver, dft, load, defaults=Request(k=4, temperature=0.0), repack=repack) as dec:
+            if generate:
+                dec.generate("def add(a, b):", n_predict=2, seed=0)
+        if leak_mib:
+            kept.append(bytearray(b"x" * int(leak_mib * 2**20)))
+        secs.append(time.perf_counter() - t0)
+        rss.append(rss_mib())
+        maps.append(mappings_of([ver, dft]))
+    return rss, secs, maps
+
+
+WARMUP = 4  # load/free cycles that keep one-time allocations (backend, thread pool, arenas)
+MAX_SLOPE = 0.5  # MiB per cycle: half the smallest leak the load/free cycle tests must catch
+
+
+def report_resources(record_property, name: str, text: str) -> None:
+    """A memory figure: printed (run with -s) and attached to the test report as a user property."""
+    print(f"\nRESOURCES {name}: {text}")
+    record_property(name, text)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
-"""Issue #6, kind 7: bad input gets a one-line error and a non-zero exit, never a traceback or a
-signal; Ctrl-C exits cleanly with 130; AMX CPUs never crash.
+"""The CLI's one-line errors and Ctrl-C: bad input gets a one-line error and a non-zero exit,
+never a traceback or a signal; Ctrl-C exits cleanly with 130. (The CLI's other tests:
+tests/test_cli_io.py, its output; tests/test_cli_signals_and_prompts.py, SIGTERM and prompt
+rules.)
 
 Every error case runs the real ``python -m cactus_gguf run ...`` in a subprocess and requires: exit
 code 1, stderr exactly one line starting with "cactus-gguf: error:", no "Traceback" anywhere.
@@ -15,9 +17,8 @@ import time
 
 import pytest
 
-from support.tiny_gguf import EOS, write_llama
 from support.harness import assert_one_line_error, cli_env, run_cli
-from support.tiny_gguf import WORDS
+from support.tiny_gguf import EOS, WORDS, write_llama
 
 MISSING = "/nonexistent/dir/model.gguf"
 
@@ -52,7 +53,7 @@ def files(tmp_path_factory):
     return out
 
 
-# ---- bad model files ---------------------------------------------------------------------------------
+# ---- bad model files ----------------------------------------------------------------------------
 
 MODEL_CASES = [
     ("missing", "no such file"),
@@ -89,7 +90,7 @@ def test_different_vocabularies_are_served_and_refused_under_same(files):
                           "token id 262 is '▁cat' in the verifier and '▁bird' in the draft")
 
 
-# ---- bad numbers and flags: rejected before any model is touched ------------------------------------
+# ---- bad numbers and flags: rejected before any model is touched --------------------------------
 
 PARAM_CASES = [  # every message names the flag (cactus_gguf/options/ says how)
     (["-k", "-1"], "-k/--draft-max must be >= 0 (0 = no speculation), got -1"),
@@ -188,7 +189,29 @@ def test_negative_temperature_means_greedy_like_llama_cpp(files):
     assert outs[0].stdout == outs[1].stdout == outs[2].stdout
 
 
-# ---- Ctrl-C ---------------------------------------------------------------------------------------
+def test_prompt_with_undecodable_bytes_is_refused_before_loading():
+    # bytes that are not UTF-8 reach Python as lone surrogates (PEP 383)
+    r = subprocess.run([sys.executable, "-m", "cactus_gguf", "run", MISSING, MISSING, "-p",
+                        os.fsdecode(b"abc\xff\xfe")], capture_output=True, text=True, timeout=120,
+                       env=cli_env())
+    assert_one_line_error(r, "the prompt is not valid UTF-8 (bad byte at position 3)")
+
+
+def test_models_given_twice_are_refused():
+    r = run_cli("run", "-m", MISSING, MISSING, MISSING, "-p", "hello")
+    assert_one_line_error(r, "too many model arguments")
+
+
+def test_unusable_model_cache_is_a_one_line_error(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    env = dict(cli_env(), CACTUS_GGUF_CACHE=str(blocker))
+    r = subprocess.run([sys.executable, "-m", "cactus_gguf", "pull", "smollm2-135m-instruct-q4_1"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert_one_line_error(r, "cannot write to the model cache", "set CACTUS_GGUF_CACHE")
+
+
+# ---- Ctrl-C -------------------------------------------------------------------------------------
 
 def test_ctrl_c_during_generation_exits_130_keeping_the_text(files):
     proc = subprocess.Popen(
@@ -271,6 +294,8 @@ def test_the_handler_is_installed_only_over_python_default(files):
         assert r.stdout.strip() == "True", (mode, r.stdout, r.stderr)
 
 
+# ---- a context larger than memory ---------------------------------------------------------------
+
 def test_a_context_larger_than_memory_is_a_one_line_error_not_an_oom_kill(files):
     t0 = time.perf_counter()
     r = run_cli("run", files["ver"], files["dft"], "-p", "hello", "-c", "1000000000", "-t", "1")
@@ -278,178 +303,3 @@ def test_a_context_larger_than_memory_is_a_one_line_error_not_an_oom_kill(files)
                           "lower -c/--ctx-size")
     assert r.returncode == 2
     assert time.perf_counter() - t0 < 30
-
-
-def test_kv_cache_guard_refuses_exactly_above_physical_memory(files, monkeypatch):
-    from cactus_gguf.llama import Context, ContextOptions, KvCacheTooLargeError, context
-
-    with Context.load(files["ver"], context_options=ContextOptions(n_ctx=4096, n_threads=1)) as m:
-        est = m.model.kv_cache_bytes(m.n_ctx)
-    assert est == 4096 * 2 * 2 * 64 * 2  # n_ctx x 2 layers x (K + V) x 64 dims x f16
-    opts = ContextOptions(n_ctx=4096, n_threads=1)
-    monkeypatch.setattr(context, "physical_memory", lambda: est)
-    Context.load(files["ver"], context_options=opts).close()
-    monkeypatch.setattr(context, "physical_memory", lambda: est - 1)
-    with pytest.raises(KvCacheTooLargeError, match=r"n_ctx=4096 needs about 0\.0 GiB of KV cache"):
-        Context.load(files["ver"], context_options=opts)
-
-
-# ---- AMX (llama.cpp issue #20824) -----------------------------------------------------------------
-
-@pytest.mark.parametrize("cpu,build,expected", [(True, True, False), (True, False, True),
-                                                (False, True, True), (False, False, True)])
-def test_repacking_is_off_exactly_when_cpu_and_build_have_amx(monkeypatch, cpu, build, expected):
-    from cactus_gguf.llama import ModelOptions, model
-
-    monkeypatch.setattr(model, "cpu_has_amx", lambda: cpu)
-    monkeypatch.setattr(model, "build_has_amx", lambda: build)
-    assert ModelOptions().resolved_repack() is expected
-    # an explicit choice wins
-    assert ModelOptions(repack=True).resolved_repack() is True
-    assert ModelOptions(repack=False).resolved_repack() is False
-
-
-@pytest.mark.parametrize("flags,expected", [
-    ("fpu avx2 avx512f amx_bf16 amx_tile amx_int8 avx512_fp16", True),
-    ("fpu avx2 avx512f amx_bf16 amx_tile", False),   # no AMX_INT8
-    ("fpu avx2 amx_int8x", False),                   # a whole flag, not a substring
-    (None, False),                                   # no flags line (e.g. ARM)
-])
-def test_cpu_amx_detection_reads_the_cpuinfo_flags(monkeypatch, tmp_path, flags, expected):
-    from cactus_gguf.llama import hw
-
-    fake = tmp_path / "cpuinfo"
-    fake.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\n"
-                    + (f"flags\t\t: {flags}\n" if flags else "Features\t: fp asimd\n"))
-    real_open = open
-    monkeypatch.setattr(hw, "open",
-                        lambda path, *a, **kw: real_open(fake if path == "/proc/cpuinfo" else path,
-                                                         *a, **kw), raising=False)
-    assert hw.cpu_has_amx() is expected
-
-
-def test_cpu_amx_detection_survives_an_unreadable_cpuinfo(monkeypatch):
-    from cactus_gguf.llama import hw
-
-    def denied(*a, **kw):
-        raise PermissionError("denied")
-
-    monkeypatch.setattr(hw, "open", denied, raising=False)
-    assert hw.cpu_has_amx() is False
-
-
-def test_build_amx_detection_reads_the_system_info(monkeypatch):
-    import llama_cpp
-    from cactus_gguf.llama import hw
-
-    monkeypatch.setattr(llama_cpp, "llama_print_system_info",
-                        lambda: b"CPU : AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1 |")
-    assert hw.build_has_amx() is True
-    monkeypatch.setattr(llama_cpp, "llama_print_system_info",
-                        lambda: b"CPU : AVX2 = 1 | AVX512 = 1 | REPACK = 1 |")
-    assert hw.build_has_amx() is False
-
-
-def test_the_resolved_repack_choice_reaches_llama_cpp(files, monkeypatch):
-    from llama_cpp import _internals
-
-    from cactus_gguf.llama import Context, ContextOptions, model
-
-    seen = []
-    real = _internals.LlamaModel.__init__
-
-    def spy(self, *a, params, **kw):
-        seen.append(bool(params.use_extra_bufts))
-        real(self, *a, params=params, **kw)
-
-    monkeypatch.setattr(_internals.LlamaModel, "__init__", spy)
-    for cpu, build in ((True, True), (False, True)):
-        monkeypatch.setattr(model, "cpu_has_amx", lambda: cpu)
-        monkeypatch.setattr(model, "build_has_amx", lambda: build)
-        Context.load(files["ver"], context_options=ContextOptions(n_ctx=256, n_threads=1)).close()
-    assert seen == [False, True]
-
-
-def test_real_pair_runs_on_this_machine(qwen_pair):
-    """The Q4_K_M pair that segfaults with AMX repacking runs (this machine has AMX: the guard
-    is what keeps it alive)."""
-    from cactus_gguf.llama import build_has_amx, cpu_has_amx
-
-    amx = cpu_has_amx() and build_has_amx()
-    print(f"AMX: cpu {cpu_has_amx()}, build {build_has_amx()}; "
-          f"repacking {'off' if amx else 'on'}")
-    ver, dft = qwen_pair
-    r = run_cli("run", ver, dft, "-p", "def add(a, b):", "-n", "8", "-c", "512", "--temp", "0",
-                "-k", "4", "-t", "1", timeout=300)
-    assert r.returncode == 0, (r.returncode, r.stderr)
-    assert "return" in r.stdout
-    last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("cactus-gguf: answer ") and " | 8 tokens in " in last, last
-
-
-def test_prompt_with_undecodable_bytes_is_refused_before_loading():
-    # bytes that are not UTF-8 reach Python as lone surrogates (PEP 383)
-    r = subprocess.run([sys.executable, "-m", "cactus_gguf", "run", MISSING, MISSING, "-p",
-                        os.fsdecode(b"abc\xff\xfe")], capture_output=True, text=True, timeout=120,
-                       env=cli_env())
-    assert_one_line_error(r, "the prompt is not valid UTF-8 (bad byte at position 3)")
-
-
-def test_models_given_twice_are_refused():
-    r = run_cli("run", "-m", MISSING, MISSING, MISSING, "-p", "hello")
-    assert_one_line_error(r, "too many model arguments")
-
-
-def test_unusable_model_cache_is_a_one_line_error(tmp_path):
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("x")
-    env = dict(cli_env(), CACTUS_GGUF_CACHE=str(blocker))
-    r = subprocess.run([sys.executable, "-m", "cactus_gguf", "pull", "smollm2-135m-instruct-q4_1"],
-                       capture_output=True, text=True, timeout=120, env=env)
-    assert_one_line_error(r, "cannot write to the model cache", "set CACTUS_GGUF_CACHE")
-
-
-# ---- issue 42: small things a new user hit ------------------------------------------------------
-
-def test_a_stop_list_with_a_non_string_names_the_item():
-    from cactus_gguf.errors import InputError
-    from cactus_gguf.options import Request
-
-    with pytest.raises(InputError, match=r"^stop must be a string or a list of strings, got None "
-                                         r"in the list$"):
-        Request(stop=["a", None])
-
-
-def test_float_token_ids_are_refused(tiny_pair):
-    from cactus_gguf.errors import InputError
-    from support.harness import make_engine
-
-    with make_engine(*tiny_pair) as eng:
-        with pytest.raises(InputError, match=r"prompt token ids must be integers, got 1.5"):
-            eng.generate([1, 1.5], n_predict=2)
-        with pytest.raises(InputError, match=r"got True"):
-            eng.generate([1, True], n_predict=2)
-        assert eng.generate([1, 259], n_predict=2, seed=0).stats.n_prompt_tokens == 2
-
-
-def test_a_prompt_file_with_a_byte_order_mark(tmp_path):
-    from cactus_gguf.bench.prompts import load_prompts_jsonl
-
-    path = tmp_path / "bom.jsonl"
-    path.write_bytes(b'\xef\xbb\xbf{"id": "a", "prompt": "hello"}\n')
-    [p] = load_prompts_jsonl(path)
-    assert (p.id, p.text) == ("a", "hello")
-
-
-def test_vocab_coverage_is_a_mass_at_most_one():
-    from cactus_gguf.stats import GenerationStats
-
-    s = GenerationStats(coverage_sum=3.000000012, n_coverage=3)
-    assert s.vocab_coverage == 1.0
-    assert GenerationStats().vocab_coverage is None
-
-
-def test_the_registry_calls_smollm2_a_foreign_draft():
-    r = run_cli("models")
-    assert r.returncode == 0, r.stderr
-    assert "not a valid draft" not in r.stdout and "a foreign draft for the Qwen models" in r.stdout
