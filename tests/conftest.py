@@ -14,18 +14,15 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 # the fixtures that load the real models; a test using one (directly or through another fixture) is
-# marked real_pair, so `-m "not real_pair"` leaves them out
+# marked real_pair, so `-m "not real_pair"` leaves them out. The other markers (rpc, browser,
+# vulkan, slow) are declared by the test files themselves (``pytestmark`` or a decorator).
 REAL_MODEL_FIXTURES = frozenset({"qwen_pair", "smollm_path"})
-MARKED_FILES = {"test_rpc.py": "rpc", "test_server_page.py": "browser", "test_vulkan.py": "vulkan"}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.real_pair)
-        marker = MARKED_FILES.get(item.path.name)
-        if marker:
-            item.add_marker(getattr(pytest.mark, marker))
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,8 @@ import pytest
 from support.harness import assert_one_line_error, cli_env
 from support.rpc import RpcServer, free_port, rpc_build
 
+pytestmark = pytest.mark.rpc  # builds llama.cpp with RPC, runs rpc-server processes
+
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
 

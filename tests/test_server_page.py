@@ -16,6 +16,8 @@ from support.system_packages import apt_install
 from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama
 from support.server import LiveServer
 
+pytestmark = pytest.mark.browser  # drives Debian's chromium (apt-get when missing)
+
 CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 

@@ -27,6 +27,7 @@ from support.llama_build import gpu_build
 from support.tiny_gguf import EOS
 from support.harness import assert_one_line_error, cli_env
 
+pytestmark = pytest.mark.vulkan  # builds llama.cpp with Vulkan, runs it on Mesa's lavapipe
 HERE = Path(__file__).resolve().parent
 PROMPT = "def fibonacci(n):"
 ALL = ("-ngl", "99", "-ngld", "99")
