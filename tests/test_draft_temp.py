@@ -302,3 +302,43 @@ def test_a_greedy_draft_raises_sps_acceptance_where_the_draft_ranks_as_the_verif
         assert sum(s[0] for s in log.steps) > 200  # drafted tokens behind each rate
         rates[draft_temp] = log.acceptance()
     assert rates[0.0] >= rates[None] + 0.05, rates
+
+
+def test_a_sharper_draft_still_tells_the_policy_how_sure_it_is(tiny_pair):
+    """At draft temperature 0 the proposal row is one-hot, so it says nothing about the draft's
+    confidence; a plan that reads it (--draft-p-min, -k auto's cost rule) gets the drafted token's
+    probability in the draft's row under the request's warps instead: the same numbers as a draft
+    sampling at the request's temperature gives for the same token."""
+    from cactus_gguf.speculative import ModelDrafter
+    from cactus_gguf.speculative.draft import DraftPlan
+
+    ver, dft = tiny_pair
+    warps = SamplingParams(temperature=0.8, top_k=0, top_p=1.0, min_p=0.0)
+    with make_engine(ver, dft, method="sps") as e:
+        prompt = e.tokenize(PROMPT)
+        V = e.verifier.n_vocab
+        drafted = {}
+        for draft_temp in (0.0, None):
+            for plan in (DraftPlan(4), DraftPlan(4, worth_more=lambda p: True)):
+                drafter = ModelDrafter(e.draft, V)
+                drafter.reset(prompt, reuse=False)
+                sampler = NativeSampler(V, warps, AcceptanceParams(method="sps"), 3,
+                                        draft_temp=draft_temp)
+                d = drafter.propose(list(prompt), plan, sampler)
+                drafted[draft_temp, plan.reads_confidence] = (d.tokens.tolist(), d.p.tolist())
+        greedy_tokens, greedy_p = drafted[0.0, True]
+        assert drafted[0.0, False] == (greedy_tokens, [1.0] * len(greedy_tokens))  # one-hot
+        assert len(greedy_tokens) == 4 and min(greedy_p) < 0.5  # measured 0.32, 0.84, 0.99, 0.24
+        # the confidence of each greedy token: its probability at T 0.8 after the same prefix
+        ModelDrafter(e.draft, V).reset(prompt, reuse=False)  # the draft holds prompt[:-1]
+        q = NativeSampler(V, warps, AcceptanceParams(method="sps"), 0)
+        for i, t in enumerate(greedy_tokens):
+            last = prompt[-1] if i == 0 else greedy_tokens[i - 1]
+            row = np.array(e.draft.decode([last], n_logits=1)[0])
+            assert q.warp(row[:V])[t] == pytest.approx(greedy_p[i], rel=1e-5)
+        # --draft-p-min reads the confidence too: a one-hot row never looks unsure
+        unsure = DraftPlan(4, p_min=0.99)
+        drafter = ModelDrafter(e.draft, V)
+        drafter.reset(prompt, reuse=False)
+        sampler = NativeSampler(V, warps, AcceptanceParams(method="sps"), 3, draft_temp=0.0)
+        assert len(drafter.propose(list(prompt), unsure, sampler)) == 0

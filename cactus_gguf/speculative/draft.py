@@ -35,10 +35,12 @@ class Draft:
     tokens: int32 [k], the drafted ids. probs: float32 [k, V], the warped draft distributions p_i
     each token was sampled from, or None when there are none (a prompt-lookup proposal, p one-hot
     at each drafted token, or k = 0): what the acceptance test is given. sources: [k], each
-    token's proposer, one of ``SOURCES``. p: float32 [k], p_i[d_i], the drafted tokens' own draft
-    probabilities (None with ``probs``). n_forwards: draft-model forward passes (``llama_decode``
-    calls) the proposal took. ``probs`` may view a drafter's buffer: valid until its next
-    ``propose``.
+    token's proposer, one of ``SOURCES``. p: float32 [k], the draft's confidence in each drafted
+    token, what the policy learns acceptance from: p_i[d_i], or, when the draft samples at its own
+    temperature (``--draft-temp``) and the plan reads it, the token's probability in the draft's
+    row under the request's warps (a greedy draft's p_i is one-hot: it says nothing); None with
+    ``probs``. n_forwards: draft-model forward passes (``llama_decode`` calls) the proposal took.
+    ``probs`` may view a drafter's buffer: valid until its next ``propose``.
     """
 
     tokens: np.ndarray
@@ -85,8 +87,10 @@ class DraftPlan:
     k: the most tokens to draft (0: a verifier-only step). sources: the proposers allowed this
     step (a subset of ``SOURCES``). p_min: a sampled token whose warped row's largest probability
     is below it is dropped and drafting stops (llama.cpp's ``--draft-p-min``; 0: never).
-    worth_more: given the drafted tokens' own probabilities p (float32 [j]), whether drafting
+    worth_more: given the drafted tokens' confidences p (float32 [j], Draft.p), whether drafting
     another still pays (a snapshot of the cost-aware rule, policy.py); None: always, up to k.
+    Both read the draft's row under the request's warps (its confidence), whatever temperature
+    the draft samples at.
     """
 
     k: int
@@ -103,6 +107,11 @@ class DraftPlan:
 
     def more(self, p: np.ndarray) -> bool:
         return self.worth_more is None or self.worth_more(p)
+
+    @property
+    def reads_confidence(self) -> bool:
+        """Whether the plan looks at the draft's confidence (``too_unsure`` or ``more``)."""
+        return self.p_min > 0.0 or self.worth_more is not None
 
     def at_most(self, k: int) -> "DraftPlan":
         """The same plan with at most ``k`` tokens (a drafter's room)."""
@@ -128,6 +137,7 @@ class SamplingDrafter:
     ctx: Context
     n_logits: int
     _rows_d: np.ndarray
+    _confidence: np.ndarray | None = None  # float32 [W]: a row under the request's warps
 
     # -- what a subclass provides --------------------------------------------------------------
 
@@ -174,6 +184,16 @@ class SamplingDrafter:
             self._rows_d = np.zeros((k, width), dtype=np.float32)
         return self._rows_d
 
+    def _confidence_row(self, sampler: NativeSampler, plan: DraftPlan) -> np.ndarray | None:
+        """The buffer the draft's row is warped into under the request's warps (the draft's
+        confidence), when the draft samples at another temperature and the plan reads it; None
+        otherwise (the sampled row is the confidence: no second warp)."""
+        if not plan.reads_confidence or sampler.draft_sampling == sampler.sampling:
+            return None
+        if self._confidence is None or len(self._confidence) != sampler.n_vocab:
+            self._confidence = np.zeros(sampler.n_vocab, dtype=np.float32)
+        return self._confidence
+
     def propose(self, committed: list[int], plan: DraftPlan, sampler: NativeSampler,
                 grammar: Constraint | None = None) -> Draft:
         """Draft up to ``plan.k`` tokens after ``committed`` (the Drafter protocol, drafters.py).
@@ -185,20 +205,25 @@ class SamplingDrafter:
             return Draft.empty()
         k, sampler = plan.k, self._sampler(sampler)
         rows = self._rows(k, sampler.n_vocab)
+        confidence = self._confidence_row(sampler, plan)
         tokens, p = np.zeros(k, np.int32), np.zeros(k, np.float32)
         n_forwards, n = 1, 0
         try:
             for i in range(k):
+                allowed = self._allowed(grammar)
                 try:
-                    d = sampler.draft(row[:self.n_logits], rows[i], allowed=self._allowed(grammar))
+                    d = sampler.draft(row[:self.n_logits], rows[i], allowed=allowed)
                 except EmptyMaskError:  # the grammar allows only ids this model cannot say
                     break
-                if plan.too_unsure(rows[i]):
+                if confidence is not None:  # the row under the request's warps, not the draft's
+                    sampler.warp_into(row[:self.n_logits], confidence, allowed=allowed)
+                if plan.too_unsure(rows[i] if confidence is None else confidence):
                     break  # the draft is unsure: verify what we have
                 taken = self._to_verifier(i, d)
                 if taken is None or (grammar is not None and not grammar.push(taken[0])):
                     break  # (push never fails: d was sampled under the grammar's mask)
-                tokens[i], p[i] = taken
+                tokens[i] = taken[0]
+                p[i] = taken[1] if confidence is None else confidence[d]
                 n += 1
                 if i == k - 1 or self._is_eog(d) or not plan.more(p[:n]):
                     break  # nothing to propose after the last draft or an end-of-generation token

@@ -35,8 +35,7 @@ from ..errors import ContextLengthError, EngineBusyError, InputError
 from ..llama import Context, ContextOptions
 from ..llama.context import DecodeCancelled
 from ..options import LoadOptions, Request, constraint_of, validate_pairing
-from ..sampling import (AcceptanceParams, NativeSampler, acceptance_params, draft_sampling_params,
-                        sampling_params)
+from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampling_params
 from ..sampling.native import pack_allowed
 from ..sampling.constraints import Constraint, tokenizer_for
 from ..stats import GenerationResult
@@ -386,11 +385,10 @@ class Engine:
                              options=("draft_vocab",))
         with self._lock:
             translator = self.pair_vocab.translator(ver.model, self.draft.model)
-        # its own sampler only drafts: it gets the draft's warps (at draft_temp)
-        return ForeignDrafter(self.draft, translator, method, draft_sampling_params(req), seed,
+        return ForeignDrafter(self.draft, translator, method, sampling_params(req), seed,
                               lambda text: ver.model.tokenize(text, add_special=False,
                                                               parse_special=False),
-                              ver.n_vocab)
+                              ver.n_vocab, draft_temp=req.draft_temp)
 
     def _end_mask(self, req: Request) -> np.ndarray | None:
         """The packed end set (uint32 [ceil(V / 32)]) of a Cactus request with ``protect_ends``:

@@ -244,14 +244,15 @@ class ForeignDrafter(SamplingDrafter):
 
     Args:
         ctx: the draft model's context. translator: the pair's Translator. mode: as above.
-        sampling: the draft's warps (the request's, at its draft temperature). seed: the
-            request's seed.
+        sampling: the request's warps. seed: the request's seed. draft_temp: the temperature
+            its proposals are sampled at (None: the request's; NativeSampler's ``draft_temp``).
         tokenize: the verifier's tokenizer (text -> ids, no BOS, no special-token parsing), for
             ``text``. n_vocab: V_v, the width of the probability rows ``propose`` returns.
     """
 
     def __init__(self, ctx: Context, translator: Translator, mode: str, sampling: SamplingParams,
-                 seed: int, tokenize: Callable[[str], list[int]], n_vocab: int) -> None:
+                 seed: int, tokenize: Callable[[str], list[int]], n_vocab: int, *,
+                 draft_temp: float | None = None) -> None:
         if mode not in ("intersect", "map", "text"):
             raise ValueError(f"mode must be intersect, map or text, got {mode!r}")
         self.ctx, self.tr, self.mode = ctx, translator, mode
@@ -259,7 +260,7 @@ class ForeignDrafter(SamplingDrafter):
         self.n_vocab = n_vocab
         self.n_logits = min(ctx.n_vocab, len(translator.d2v))
         self.sampler = NativeSampler(ctx.n_vocab, sampling, AcceptanceParams(method="sps"),
-                                     (seed + _DRAFT_SEED_OFFSET) % 2**64)
+                                     (seed + _DRAFT_SEED_OFFSET) % 2**64, draft_temp=draft_temp)
         self._tokenize = tokenize
         # the committed tokens translated so far: their verifier ids, the draft ids, and the
         # number of draft ids up to and including each committed token
