@@ -357,7 +357,7 @@ def test_the_cost_probe_and_k_auto_run_on_the_device(build, tiny_pair, tmp_path)
 
 def job_load_free_cycles(ver: str, dft: str, n: int) -> dict:
     from cactus_gguf.llama import ContextOptions
-    from test_reliability_resources import load_free_cycles
+    from support.harness import load_free_cycles
 
     rss, secs, maps = load_free_cycles(ver, dft, n, ContextOptions(n_ctx=4096, n_threads=1))
     return {"rss": rss, "secs": secs, "maps": maps}
@@ -367,7 +367,7 @@ def test_load_free_cycles_on_the_device_keep_memory_flat(build, tiny_pair, recor
     """Device buffers on lavapipe are host memory, so a leaked buffer, context or KV cache shows
     in the process's anonymous resident memory."""
     from support.harness import memory_slope
-    from test_reliability_resources import MAX_SLOPE, WARMUP
+    from support.harness import MAX_SLOPE, WARMUP
 
     out = on_device(build, "job_load_free_cycles", ver=str(tiny_pair[0]), dft=str(tiny_pair[1]),
                     n=16)
