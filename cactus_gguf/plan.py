@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import InputError
-from .options import (BY_NAME, MODEL_DRAFTERS, SELF_DRAFTERS, LoadOptions, Request, check_value, options_in,
-                      validate_pairing)
+from .options import (BY_NAME, DRAFT_MODEL_OPTIONS, MODEL_DRAFTERS, SELF_DRAFTERS, LoadOptions,
+                      Request, check_value, options_in, validate_pairing)
 from .stats import GenerationResult
 
 __all__ = ["RunPlan", "ServePlan", "plan_run", "plan_serve", "open_engine", "execute_run",
@@ -46,15 +46,17 @@ class RunPlan:
 
 
 def choose_pair(pair: str | None, verifier: str | None, draft: str | None):
-    """The registry pair to use, if any: ``pair`` by name, or the default pair when no model is
-    given. Returns (PairEntry or None, verifier spec, draft spec).
+    """The registry pair to use, if any: ``pair`` by name, the default pair when no model is
+    given, or the pair whose verifier and draft are the two registry names given (so naming a
+    pair's models gets its settings, as naming the pair does). Returns (PairEntry or None,
+    verifier spec, draft spec).
 
     Raises InputError for an unknown pair, or a pair given together with models.
     """
     from .registry import load_registry
 
     if pair is None and (verifier is not None or draft is not None):
-        return None, verifier, draft
+        return _pair_of_names(verifier, draft), verifier, draft
     if verifier is not None or draft is not None:
         raise InputError("give either {pair} or model paths/names, not both", param="pair")
     registry = load_registry()
@@ -66,6 +68,18 @@ def choose_pair(pair: str | None, verifier: str | None, draft: str | None):
         raise InputError(f"unknown pair {pair!r}: see `cactus-gguf models` "
                          f"(pairs: {', '.join(sorted(registry.pairs))})", param="pair")
     return entry, entry.verifier, entry.draft
+
+
+def _pair_of_names(verifier: str | None, draft: str | None):
+    """The registry pair whose verifier and draft are these registry model names (not files, as
+    registry.resolve_model reads them: an existing file is a path), else None."""
+    if verifier is None or draft is None or any(Path(m).expanduser().is_file()
+                                                for m in (verifier, draft)):
+        return None
+    from .registry import load_registry
+
+    return next((p for p in load_registry().pairs.values()
+                 if (p.verifier, p.draft) == (verifier, draft)), None)
 
 
 def settle(given: Mapping[str, Any], pair=None, command: str | None = None) -> dict[str, Any]:
@@ -158,8 +172,6 @@ def _plan(given: Mapping[str, Any], command: str) -> tuple[RunPlan, dict[str, An
     pair, verifier, draft = choose_pair(given.get("pair"), given.get("model"),
                                         given.get("model_draft"))
     values = read_file_options(settle(given, pair, command))
-    if values["drafter"] in SELF_DRAFTERS and pair is not None:
-        draft = None
     if verifier is None:
         raise InputError("no verifier model: give VERIFIER (a .gguf path or a registry name)",
                          param="model")
@@ -171,9 +183,17 @@ def _plan(given: Mapping[str, Any], command: str) -> tuple[RunPlan, dict[str, An
         raise InputError(f"method {request.method} needs a DRAFT model; give one, or use "
                          "{drafter} ngram or {method} none", param="model_draft",
                          options=("drafter", "method"))
-    if request.drafter in SELF_DRAFTERS and draft is not None and pair is None:
-        raise InputError(f"the {request.drafter} drafter uses no draft model: drop DRAFT, or "
-                         "use {drafter} model", param="drafter")
+    if request.drafter in SELF_DRAFTERS:
+        if given.get("model_draft") is not None:
+            raise InputError(f"the {request.drafter} drafter uses no draft model: drop DRAFT, "
+                             "or use {drafter} model", param="drafter")
+        unused = next((n for n in DRAFT_MODEL_OPTIONS
+                       if n in given and given[n] != BY_NAME[n].default), None)
+        if unused is not None:  # nothing would read it: say so rather than ignore it
+            raise InputError(f"{{{unused}}} applies to a draft model, and the {request.drafter} "
+                             f"drafter uses none: drop {{{unused}}}, or use {{drafter}} model",
+                             param=unused, options=("drafter",))
+    check_tensor_split(load)
     plan = RunPlan(verifier_spec=verifier, draft_spec=draft if uses_draft else None,
                    pair_name=pair.name if pair is not None else None, load=load, request=request,
                    prompt="", chat=bool(values.get("chat")))
@@ -271,15 +291,31 @@ def execute_run(plan: RunPlan, on_text: Callable[[str], None] | None = None) -> 
         raise
 
 
-def list_devices(given: Mapping[str, Any],
+def check_tensor_split(load: LoadOptions) -> None:
+    """A ``tensor_split`` with nothing to split (no layer offloaded, no offload device) is refused
+    before anything loads, not ignored as llama.cpp would (llama/devices.py). InputError."""
+    if load.tensor_split is not None:
+        from .llama.devices import check_tensor_split as check
+
+        check(load.tensor_split, load.n_gpu_layers, load.device, load.rpc)
+
+
+def list_devices(given: Mapping[str, Any], command: str = "run",
                  name: Callable[[str], str] = lambda n: n) -> list[str]:
-    """The ``--list-devices`` lines (llama/placement.py device_report) under the load options the
-    user set (validated first: InputError; RpcError for an RPC server that does not answer);
+    """The ``--list-devices`` lines (llama/placement.py device_report) under the options the user
+    set for ``command`` (run, serve or bench), every one validated first as that command would
+    (InputError; RpcError for an RPC server that does not answer; run's prompt is not needed);
     ``name`` spells an option in them (the CLI: its flag)."""
     from .llama.placement import device_report
 
-    values = settle(given)
-    load = LoadOptions(**_of_scope(values, "load"))
+    if command == "bench":
+        from .bench import plan_bench
+
+        load = plan_bench(given, warmup=False).load
+    elif command == "serve":
+        load = plan_serve(given).run.load
+    else:
+        load = _plan(given, command)[0].load
     return device_report(load, name=name)
 
 

@@ -147,6 +147,94 @@ def test_each_option_is_declared_once():
         assert len(flags) == len(set(flags)), command
 
 
+# ---- issue 42: combinations and values refused before anything loads ------------------------------
+
+def _cli(*args: str):
+    """``cactus-gguf ARGS`` in process: (exit code, output)."""
+    from click.testing import CliRunner
+
+    from cactus_gguf.cli import main
+
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.output
+
+
+def _one_line_error(args, fragment: str) -> None:
+    code, out = _cli(*args)
+    assert code == 1 and out.count("\n") == 1, (args, out)
+    assert out.startswith("cactus-gguf: error: ") and fragment in out, (args, out)
+
+
+def test_list_devices_validates_the_options_as_any_run():
+    """`run --top-gap -1 --list-devices` exited 0: --list-devices skipped every check."""
+    _one_line_error(["run", "--top-gap", "-1", "--list-devices"], "--top-gap must be >= 0, got -1")
+    _one_line_error(["serve", "--port", "70000", "--list-devices"], "--port must be in")
+    _one_line_error(["bench", "--configs", "bogus", "--list-devices"], "unknown configuration")
+    _one_line_error(["run", "-ts", "1e400", "--list-devices"], "finite")
+    code, out = _cli("run", "--list-devices")  # the default pair's options: valid, nothing loads
+    assert code == 0 and "verifier" in out and "devices:" in out, out
+
+
+def test_a_tensor_split_must_be_finite_and_have_something_to_split(tiny_pair):
+    from cactus_gguf.llama import devices, log
+
+    with pytest.raises(InputError, match=r"tensor_split needs finite proportions .* got inf"):
+        options.LoadOptions(tensor_split="1e400")  # was "not all 0"
+    with pytest.raises(InputError, match="got nan"):
+        options.LoadOptions(tensor_split="1,nan")
+    ver = str(tiny_pair[0])
+    _one_line_error(["run", ver, "--method", "none", "-p", "x", "-ts", "3,1", "-ngl", "0"],
+                    "-ts/--tensor-split splits the verifier's offloaded layers between devices, "
+                    "and -ngl/--n-gpu-layers 0 offloads none")
+    log.init_backend()
+    if [name for name, _ in devices.list_devices()] != ["CPU"]:
+        pytest.skip("this build has an offload device: -ts applies")
+    _one_line_error(["run", ver, "--method", "none", "-p", "x", "-ts", "3,1"],
+                    "this llama.cpp build has none to offload to (CPU only, no --rpc")
+
+
+def test_a_draft_models_option_with_a_drafter_that_uses_none_is_refused(tiny_pair):
+    """`--drafter ngram --draft-vocab text` was silently ignored."""
+    ver = str(tiny_pair[0])
+    for command in ("run", "serve"):
+        _one_line_error([command, ver, "--drafter", "ngram", "--draft-vocab", "text", "-p", "x"]
+                        [:None if command == "run" else -2],
+                        "--draft-vocab applies to a draft model, and the ngram drafter uses none: "
+                        "drop --draft-vocab, or use --drafter model")
+    _one_line_error(["run", ver, "--drafter", "mtp", "--draft-window", "8", "-p", "x"],
+                    "--draft-window applies to a draft model")
+    from cactus_gguf import plan
+
+    # the default (auto) says nothing: allowed
+    assert plan.plan_run({"model": ver, "drafter": "ngram", "draft_vocab": "auto",
+                          "prompt": "x"}).request.drafter == "ngram"
+
+
+def test_naming_a_pairs_two_models_gets_the_pairs_settings():
+    """`run VERIFIER_NAME DRAFT_NAME` of the default pair got temperature 0.8 and pair null."""
+    from cactus_gguf import plan, registry
+
+    pair = registry.load_registry().default_pair
+    default = plan.plan_run({"prompt": "x"})
+    named = plan.plan_run({"model": pair.verifier, "model_draft": pair.draft, "prompt": "x"})
+    assert named.pair_name == default.pair_name == pair.name
+    assert named.request == default.request
+    assert named.request.temperature == pair.settings["temperature"] != options.default(
+        "temperature")
+    assert plan.plan_serve({"model": pair.verifier, "model_draft": pair.draft}).model_id == \
+        pair.name
+    # an option the user sets still wins; one model named, or the two the other way: no pair
+    assert plan.plan_run({"model": pair.verifier, "model_draft": pair.draft, "prompt": "x",
+                          "temperature": 0.3}).request.temperature == 0.3
+    assert plan.plan_run({"model": pair.verifier, "method": "none",
+                          "prompt": "x"}).pair_name is None
+    assert plan.plan_run({"model": pair.draft, "model_draft": pair.verifier,
+                          "prompt": "x"}).pair_name is None
+    with pytest.raises(InputError, match="drafter uses no draft model: drop DRAFT"):
+        plan.plan_run({"model": pair.verifier, "model_draft": pair.draft, "drafter": "ngram",
+                       "prompt": "x"})
+
+
 def test_a_stop_list_with_a_non_string_names_the_item():
     from cactus_gguf.options import Request
 

@@ -94,7 +94,7 @@ def plan_bench(given: Mapping[str, Any], *, warmup: bool = True) -> BenchPlan:
 
     Raises InputError (one line, ``param`` = the option at fault).
     """
-    from ..plan import choose_pair, read_file_options, settle
+    from ..plan import check_tensor_split, choose_pair, read_file_options, settle
 
     pair, verifier, draft = choose_pair(given.get("pair"), given.get("model"),
                                         given.get("model_draft"))
@@ -120,6 +120,7 @@ def plan_bench(given: Mapping[str, Any], *, warmup: bool = True) -> BenchPlan:
     base = Request(**scalar, k=max(fixed) if fixed else "auto", delta=deltas[0],
                    cache_prompt=False)
     load = LoadOptions(**{o.name: values[o.name] for o in options_in("load")})
+    check_tensor_split(load)
     validate_pairing(load, base)
     if "auto" in ks:
         validate_pairing(load, base.replace(k="auto"))

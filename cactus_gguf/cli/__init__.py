@@ -141,7 +141,7 @@ def model_command(name: str, *, grid: bool = False):
     def decorate(f):
         def command(ctx: click.Context, verifier, draft, **options):
             if options.get("list_devices"):  # every model command: print them, load nothing
-                return _list_devices(ctx)
+                return _list_devices(ctx, name, verifier, draft)
             return f(ctx, verifier, draft, **options)
 
         functools.update_wrapper(command, f)
@@ -151,14 +151,18 @@ def model_command(name: str, *, grid: bool = False):
     return decorate
 
 
-def _list_devices(ctx: click.Context) -> None:
-    """``--list-devices``: this build's backends and devices, and which the models would use."""
+def _list_devices(ctx: click.Context, command: str, verifier, draft) -> None:
+    """``--list-devices``: this build's backends and devices, and which the models would use;
+    every option is validated first, as ``command`` would (a bad one: the usual one-line error)."""
     from .. import plan as planner
     from .params import given
+    from .run import models_from_arguments
 
+    values = given(ctx)
+    models_from_arguments(values, verifier, draft)
     try:
-        lines = planner.list_devices(given(ctx), lambda n: flag_of(n).split('/')[0])
-    except CactusError as e:
+        lines = planner.list_devices(values, command, lambda n: flag_of(n).split('/')[0])
+    except (CactusError, OSError) as e:
         report_error(e)
     for line in lines:
         click.echo(line)

@@ -38,8 +38,9 @@ import llama_cpp
 from ..errors import EngineError, InputError
 from ..options import parse_endpoints, parse_tensor_split
 
-__all__ = ["RpcError", "RpcServerLostError", "probe", "check_servers",
-           "device_list", "tensor_split", "call", "free", "rpc_call", "rpc_lost", "abandon_on_loss", "list_devices"]
+__all__ = ["RpcError", "RpcServerLostError", "probe", "check_servers", "device_list",
+           "tensor_split", "check_tensor_split", "call", "free", "rpc_call", "rpc_lost",
+           "abandon_on_loss", "list_devices"]
 
 # ggml-rpc's wire format (ggml/src/ggml-rpc/ggml-rpc.cpp of the vendored llama.cpp): a command byte,
 # a uint64 payload size, the payload; the answer is a uint64 size and its payload. HELLO is command
@@ -266,6 +267,33 @@ def tensor_split(text: str | None) -> ctypes.Array | None:
         raise InputError(f"{{tensor_split}} has {len(values)} values; this llama.cpp takes at most "
                          f"{n_max}", param="tensor_split")
     return (ctypes.c_float * n_max)(*values)
+
+
+def check_tensor_split(tensor_split: str | None, n_gpu_layers: int, device: str | None,
+                       rpc: str | None) -> None:
+    """Before anything loads: refuse a ``--tensor-split`` that would have nothing to split, which
+    llama.cpp ignores without a word: the verifier offloads no layer (``-ngl 0``, ``--device
+    none``) or has no device to offload to (a CPU-only build, no ``--rpc``). Raises InputError
+    (param tensor_split)."""
+    if tensor_split is None:
+        return
+    if n_gpu_layers == 0 or (device is not None and device.strip() == "none"):
+        why = "{n_gpu_layers} 0 offloads none" if n_gpu_layers == 0 else \
+            "{device} none keeps them all on the CPU"
+        raise InputError(f"{{tensor_split}} splits the verifier's offloaded layers between "
+                         f"devices, and {why}: drop {{tensor_split}}", param="tensor_split",
+                         options=("n_gpu_layers" if n_gpu_layers == 0 else "device",))
+    if device is None and rpc is None:
+        from . import log
+
+        log.init_backend()  # registers the build's backends: their devices are listed after it
+        dev_type = _fn("ggml_backend_dev_type", ctypes.c_int, [_P])
+        if not any(dev_type(d) in (_DEV_GPU, _DEV_IGPU) for d in _all_devices()):
+            raise InputError("{tensor_split} splits the verifier's offloaded layers between "
+                             "devices, and this llama.cpp build has none to offload to (CPU only, "
+                             "no {rpc}; {list_devices} shows them): drop {tensor_split}, or "
+                             "install a GPU build (README \"Install for your hardware\")",
+                             param="tensor_split", options=("rpc", "list_devices"))
 
 
 def uses_rpc(devices: ctypes.Array | None) -> bool:

@@ -32,7 +32,8 @@ from .values import (_endpoints, _nonempty, _tensor_split, normalize_json_schema
 __all__ = ["Option", "OPTIONS", "LoadOptions", "Request", "options_in", "default", "check_value",
            "validate_pairing", "markdown_table", "constraint_of", "normalize_json_schema",
            "CONSTRAINTS", "parse_endpoints", "parse_tensor_split", "METHODS", "SOLVERS", "BUDGETS",
-           "DRAFTERS", "DRAFT_VOCABS", "MODEL_DRAFTERS", "SELF_DRAFTERS", "opt", "option_of", "check_fields"]
+           "DRAFTERS", "DRAFT_VOCABS", "MODEL_DRAFTERS", "SELF_DRAFTERS", "DRAFT_MODEL_OPTIONS",
+           "opt", "option_of", "check_fields"]
 
 # The acceptance rules ("none" = no speculation, the verifier alone), Cactus solvers and budgets.
 # Names only: their C values come from the library (sampling/_clib.py asks it for each name).
@@ -44,6 +45,8 @@ SELF_DRAFTERS = ("ngram", "mtp")  # the drafters that need no DRAFT model
 # How a draft whose vocabulary is not the verifier's speculates (speculative/foreign.py)
 DRAFT_VOCABS = ("auto", "same", "map", "intersect", "text")
 MODEL_DRAFTERS = ("model", "hybrid")  # the drafters that run the DRAFT model
+# Request options only a DRAFT model uses (refused with a self-drafter: nothing would read them)
+DRAFT_MODEL_OPTIONS = ("draft_window", "draft_vocab")
 
 
 # ------------------------------------------------------------------------------------------------

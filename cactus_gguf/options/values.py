@@ -66,13 +66,18 @@ def parse_endpoints(text: str, param: str = "rpc") -> list[str]:
 
 def parse_tensor_split(text: str) -> list[float]:
     """``3,1`` (llama.cpp's ``--tensor-split``: the proportion of the model per device, in device
-    order) -> [3.0, 1.0]. Raises InputError for a non-number, a negative value or all zeros."""
+    order) -> [3.0, 1.0]. Raises InputError for a non-number, a value that is not finite (``inf``,
+    ``nan``, ``1e400``), a negative value or all zeros."""
     try:
         values = [float(s) for s in text.replace("/", ",").split(",")]
     except ValueError:
         raise InputError(f"{{tensor_split}} must be comma-separated numbers (e.g. 3,1), got "
                          f"{text!r}", param="tensor_split") from None
-    if any(not (0 <= v < math.inf) for v in values) or not any(values):
+    bad = next((v for v in values if not math.isfinite(v)), None)
+    if bad is not None:  # float("1e400") is inf: a proportion must be a finite number
+        raise InputError(f"{{tensor_split}} needs finite proportions (e.g. 3,1), got {bad} in "
+                         f"{text!r}", param="tensor_split")
+    if any(v < 0 for v in values) or not any(values):
         raise InputError(f"{{tensor_split}} needs non-negative proportions, not all 0; got {text!r}",
                          param="tensor_split")
     return values
