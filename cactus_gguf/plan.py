@@ -256,8 +256,14 @@ def open_engine(plan: RunPlan, probe: bool = False):
     return engine
 
 
-def execute_run(plan: RunPlan, on_text: Callable[[str], None] | None = None) -> GenerationResult:
+def execute_run(plan: RunPlan, on_text: Callable[[str], None] | None = None,
+                interrupted: Callable[[], bool] | None = None) -> GenerationResult:
     """Resolve (fetch if needed) the models, load them and generate.
+
+    ``interrupted``: whether an interrupt is waiting that could not be raised where it arrived
+    (the CLI's SIGINT handler records one that lands inside llama.cpp's abort callback:
+    llama/abort.py); the prompt's processing asks it, also inside a chunk's decode, and the run
+    then ends as a Ctrl-C does.
 
     Raises ModelLoadError / VocabMismatchError / ContextLengthError / registry errors, all with
     one-line messages; :class:`Interrupted` (a KeyboardInterrupt) with the partial result on
@@ -279,10 +285,14 @@ def execute_run(plan: RunPlan, on_text: Callable[[str], None] | None = None) -> 
                          if c is not None and c.model.placement is not None} or None
             prompt = (engine.format_chat([{"role": "user", "content": plan.prompt}])
                       if plan.chat else plan.prompt)
-            stream = engine.stream(prompt)
+            stream = engine.stream(prompt, cancel=interrupted)
             for piece in stream:
                 if on_text is not None:
                     on_text(piece)
+            if interrupted is not None and interrupted():  # seen while the prompt was processed
+                stream.result.stop_reason = "interrupted"
+                stream.result.message = "interrupted during prompt processing"
+                raise KeyboardInterrupt
             return placed(stream.result)
     except KeyboardInterrupt:
         raise Interrupted(placed(stream.partial()) if stream is not None else None) from None

@@ -132,6 +132,37 @@ def test_sigterm_on_bench_keeps_whole_journal_lines_and_exits_143(files, tmp_pat
                                     "continues the run")
 
 
+# ---- issue 42 item 2: a signal inside a long prompt chunk stops that chunk ------------------------
+
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"),
+                                           (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_inside_a_long_prompt_chunk_stops_it(files, tmp_path, sig, code, word):
+    """One chunk of ~7,300 tokens (one llama_decode, about 2 s here): a Ctrl-C or SIGTERM 0.2 s
+    into it stops the decode at its next graph node (llama.cpp's abort callback), where the run
+    waited for the whole chunk before."""
+    prompt = tmp_path / "long.txt"
+    prompt.write_text(" ".join(["the cat sat on the mat and"] * 280), encoding="utf-8")
+    args = ("run", files["ver"], "-f", prompt, "-n", "2", "-c", "8192", "-b", "8192", "-fa", "on",
+            "-t", "1", "--method", "none", "--json")
+    full = json.loads(run_cli(*args).stdout)["prefill_seconds"]  # the chunk, uninterrupted
+    p = _start(*args, "-v")
+    for line in p.stderr:  # -v: the engine logs when the prompt's processing begins
+        if "processing a prompt of" in line:
+            break
+    time.sleep(0.2)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == code, (p.returncode, err)
+    assert err.splitlines()[-1] == f"cactus-gguf: {word}"
+    assert "Traceback" not in err and "Exception ignored" not in err
+    result = json.loads(out)
+    assert (result["stop_reason"], result["message"]) == ("interrupted",
+                                                          "interrupted during prompt processing")
+    assert result["n_tokens"] == 0 and result["n_prompt_tokens"] > 7000
+    # stopped inside the chunk (a node of this 2-layer model's attention takes a good part of it)
+    assert result["prefill_seconds"] < 0.2 + 0.6 * full, (result["prefill_seconds"], full)
+
+
 # ---- 9. one empty-prompt rule: only a prompt without tokens is refused --------------------------
 
 def test_a_space_and_an_empty_prompt_are_prompts_when_the_model_adds_bos(files):

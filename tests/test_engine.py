@@ -233,3 +233,31 @@ def test_a_generation_cut_short_during_the_prompt_times_from_its_start(tiny_pair
         stats = stream.partial().stats
     assert stats.decode_seconds == 0.0 and stats.other_seconds == 0.0
     assert 0.05 <= stats.prefill_seconds == stats.answer_seconds < 5.0
+
+
+def test_a_cancel_stops_a_prompt_inside_its_chunk(tiny_pair):
+    """A long prompt chunk is one llama_decode: the cancel check is asked inside it (llama.cpp's
+    abort callback, after each graph node), not only between chunks, so a cancel stops the
+    chunk in progress (issue 42 item 2). The chunk is rolled back; the engine goes on."""
+    from support.harness import ctx
+
+    prompt = "the cat sat on the mat " * 20  # one chunk: n_batch 512
+    with make_engine(*tiny_pair, k=2, temp=0.0, context=ctx(n_ctx=1024, n_batch=512)) as eng:
+        asked = []
+
+        def cancel() -> bool:
+            asked.append(eng.verifier.n_past)  # what the cache held when it was asked
+            return True
+
+        r = eng.generate(prompt, cancel=cancel, n_predict=8)
+        assert (r.stop_reason, r.message) == ("cancelled", "cancelled during prompt processing")
+        assert asked[0] == 0 and eng.verifier.n_past == 0  # asked mid-decode; rolled back
+        assert eng.draft.n_past == 0 and r.tokens == []
+        # asked at every graph node of a chunk (a decode of the whole prompt asks many times)
+        count = []
+        eng.generate(prompt, cancel=lambda: count.append(1) and False, n_predict=1,
+                     cache_prompt=False)
+        assert len(count) > 20
+        after = eng.generate(prompt, n_predict=8)
+        fresh = eng.generate(prompt, n_predict=8, cache_prompt=False)
+        assert after.tokens == fresh.tokens and len(after.tokens) == 8

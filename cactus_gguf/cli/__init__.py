@@ -20,9 +20,10 @@ import click
 from ..errors import CactusError
 from .params import flag_of
 
-__all__ = ["main", "fail", "report_error", "exit_interrupted"]
+__all__ = ["main", "fail", "report_error", "exit_interrupted", "interrupt_pending"]
 
 _terminated = threading.Event()  # a SIGTERM arrived: exit 143, not 130
+_interrupt_pending = threading.Event()  # a Ctrl-C / SIGTERM landed inside llama.cpp's decode
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -57,16 +58,30 @@ def _sigterm(signum: int, frame) -> None:
     _sigint(signum, frame)
 
 
+def interrupt_pending() -> bool:
+    """Whether a Ctrl-C or SIGTERM arrived inside llama.cpp's abort callback (while a prompt
+    chunk was being decoded): the run asks it there, stops the decode at its next graph node and
+    then ends as a Ctrl-C does (plan.execute_run)."""
+    return _interrupt_pending.is_set()
+
+
 def _sigint(signum: int, frame) -> None:
-    """Python's default SIGINT behaviour (raise KeyboardInterrupt), except inside llama.cpp's log
-    callback: an exception raised there cannot cross llama.cpp's C frames (ctypes prints "Exception
-    ignored" and drops it, so the Ctrl-C would be lost and the model load or generation would go
-    on). There, and inside the library's critical sections (building llama-cpp-python's wrappers,
-    which an interrupt would leave half-built), the interrupt is posted again 10 ms later, from a
-    timer thread (posting it from here would re-enter this handler at once); it fires once control
-    is back in ordinary Python code."""
+    """Python's default SIGINT behaviour (raise KeyboardInterrupt), except inside llama.cpp's
+    callbacks: an exception raised there cannot cross llama.cpp's C frames (ctypes prints
+    "Exception ignored" and drops it, so the Ctrl-C would be lost and the model load or
+    generation would go on). Inside the abort callback of a prompt's decode (llama/abort.py) it
+    is recorded for :func:`interrupt_pending`, which that callback asks next: the decode stops
+    within one graph node instead of finishing its chunk. Inside the log callback, and inside
+    the library's critical sections (building llama-cpp-python's wrappers, which an interrupt
+    would leave half-built), the interrupt is posted again 10 ms later, from a timer thread
+    (posting it from here would re-enter this handler at once); it fires once control is back in
+    ordinary Python code."""
+    from ..llama.abort import in_abort_check
     from ..llama.log import in_critical_section, in_log_callback
 
+    if in_abort_check(frame):
+        _interrupt_pending.set()
+        return
     if in_log_callback(frame) or in_critical_section():
         again = threading.Timer(0.01, _thread.interrupt_main)
         again.daemon = True

@@ -7,7 +7,7 @@ import click
 
 from ..errors import CactusError
 from ..options import CONSTRAINTS
-from . import exit_interrupted, fail, model_command, report_error
+from . import exit_interrupted, fail, interrupt_pending, model_command, report_error
 from .params import given
 
 
@@ -91,7 +91,8 @@ def run(ctx: click.Context, verifier, draft, **_options) -> None:
 
     as_json = bool(values.get("json"))
     try:
-        result = planner.execute_run(plan, on_text=None if as_json else out.write)
+        result = planner.execute_run(plan, on_text=None if as_json else out.write,
+                                     interrupted=interrupt_pending)
     except KeyboardInterrupt as e:
         partial = getattr(e, "result", None)
         if as_json:  # what was generated is not lost (nothing, if the models were still loading)

@@ -33,7 +33,8 @@ import numpy as np
 
 from ..errors import ContextLengthError, EngineBusyError, InputError
 from ..llama import Context, ContextOptions
-from ..llama.context import DecodeCancelled
+from ..llama.abort import abortable
+from ..llama.context import DecodeCancelled, DecodeError
 from ..options import LoadOptions, Request, constraint_of, validate_pairing
 from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampling_params
 from ..sampling.native import pack_allowed
@@ -251,8 +252,10 @@ class Engine:
 
         ``on_text`` receives each piece of text as soon as it is final. ``wait`` False raises
         EngineBusyError instead of waiting while another generation holds the engine.
-        ``cancel``: asked between steps and between the ``n_batch`` chunks of the prompt; when it
-        returns true the generation ends there with ``stop_reason`` "cancelled".
+        ``cancel``: asked between steps and between the ``n_batch`` chunks of the prompt, and on
+        a CPU inside a chunk's decode too (llama.cpp's abort callback, on the calling thread:
+        llama/abort.py); when it returns true the generation ends there with ``stop_reason``
+        "cancelled".
         Raises InputError (bad arguments, empty prompt), ContextLengthError (the prompt does not
         fit n_ctx), EngineError (llama.cpp or the native helper failed).
         """
@@ -467,11 +470,17 @@ class Engine:
         reuse = session.request.cache_prompt
         prompt = session.prompt
         stop = session.should_stop or (lambda: False)
-        try:  # a cancel is seen between n_batch chunks (a long prompt takes many)
+        abort = None
+        log.debug("processing a prompt of %d tokens", len(prompt))
+        try:  # a cancel is seen between n_batch chunks (a long prompt takes many) and, on a CPU,
+            # inside one (llama.cpp's abort callback: llama/abort.py)
             with contextlib.ExitStack() as interruptible:
                 for c in (self.verifier, self.draft):
                     if c is not None:
                         interruptible.enter_context(c.interruptible(stop))
+                if session.should_stop is not None:
+                    abort = interruptible.enter_context(abortable((self.verifier, self.draft),
+                                                                  stop))
                 session.stats.n_prompt_tokens_reused = self.verifier.sync(prompt[:-1],
                                                                           reuse=reuse)
                 if session.drafter is not None and not stop():
@@ -484,6 +493,10 @@ class Engine:
                 cancelled = stop()
         except DecodeCancelled:  # the caches hold a prefix of the prompt: still reusable
             cancelled = True
+        except DecodeError:
+            if abort is None or not abort.aborted:
+                raise
+            cancelled = True  # stopped inside a chunk: that decode call was rolled back
         session.stats.prefill_seconds = time.perf_counter() - t0
         log.debug("prompt of %d tokens: %d reused from the verifier's cache, %d from the draft's",
                   len(prompt), session.stats.n_prompt_tokens_reused,
