@@ -4,6 +4,7 @@ the queue, the API key, memory over 200 requests)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -402,3 +403,30 @@ def test_ctrl_c_stops_the_server_cleanly(files):
     assert rc == 0
     assert s.stderr_lines[-1] == "cactus-gguf: stopped"
     assert not any("Traceback" in ln or "Exception" in ln for ln in s.stderr_lines)
+
+
+# ---- issue 42: fields that change the answer, what a response reports, what an error reveals ------
+
+def test_llama_servers_fields_are_implemented_or_refused(server):
+    """n_predict is llama-server's name of max_tokens; the sampling fields this server lacks are
+    accepted only at the value that changes nothing, refused (400 naming them) at any other."""
+    url = server.url + "/v1/completions"
+    r = httpx.post(url, json={"prompt": "the cat", "n_predict": 5}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5, r.text
+    neutral = {"repeat_penalty": 1.0, "typical_p": 1, "mirostat": 0, "dry_multiplier": 0.0,
+               "xtc_probability": 0, "top_n_sigma": -1, "dynatemp_range": 0, "ignore_eos": False,
+               "n_probs": 0, "repeat_last_n": 64, "mirostat_tau": 5.0, "samplers": None}
+    r = httpx.post(url, json={"prompt": "the cat", "max_tokens": 3, **neutral}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+    for field, value in [("repeat_penalty", 1.1), ("typical_p", 0.9), ("mirostat", 2),
+                         ("dry_multiplier", 0.8), ("ignore_eos", True), ("xtc_probability", 0.5),
+                         ("samplers", ["top_k", "temperature"]), ("repeat_penalty", True)]:
+        r = httpx.post(url, json={"prompt": "the cat", field: value}, timeout=60)
+        assert r.status_code == 400, (field, value, r.text)
+        err = r.json()["error"]
+        assert err["param"] == field and err["message"].startswith(field), err
+    for body, param in [({"n_predict": 0}, "n_predict"), ({"n_predict": 4, "max_tokens": 5},
+                                                          "n_predict"), ({"n_predict": "4"},
+                                                                         "n_predict")]:
+        r = httpx.post(url, json={"prompt": "the cat", **body}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -13,12 +13,19 @@ the field as the client wrote it. Fields that would change what a response means
 server does not implement (tools, logprobs, penalties, several choices) are refused with a 400,
 never silently ignored.
 
+llama-server's own answer-changing fields: ``n_predict`` is its name of ``max_tokens`` (-1 = no
+limit); ``repeat_penalty``, ``typical_p``, ``mirostat``, ``dry_multiplier``, ``xtc_probability``,
+``top_n_sigma``, ``dynatemp_range``, ``ignore_eos``, ``n_probs`` and ``samplers`` are not
+implemented and are refused unless they hold the value that changes nothing (repeat_penalty 1,
+mirostat 0, ignore_eos false, ...), which llama-server also treats as off.
+
 Validation follows OpenAI's: types are strict (``"stream": "yes"``, ``"max_tokens": "3"`` or
 ``3.5`` are a 400, not coerced; an integer is a valid float), at most 4 stop strings, none empty,
 ``max_tokens`` >= 1 (left out: the server's ``-n``, which may be -1 = no limit).
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -89,6 +96,7 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)  # unknown: see unsupported()
     model: str | None = None
     max_tokens: int | None = None
+    n_predict: int | None = None  # llama-server's name of max_tokens (-1: no limit)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -130,6 +138,29 @@ _REFUSED = {
 }
 
 
+def _number(test):
+    """A neutral-value test of a numeric field: a number (not a bool) that passes ``test``."""
+    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and test(v)
+
+
+# llama-server's fields that change the answer and are not implemented here: accepted at the value
+# that leaves sampling as it is (as llama-server itself skips the sampler there: common/sampling.cpp
+# and src/llama-sampler.cpp of the vendored llama.cpp), refused at any other. The fields that only
+# tune one of these (repeat_last_n, mirostat_tau, dry_base, xtc_threshold, ...) change nothing
+# while it is off. (field, what the neutral value is, its test)
+_NEUTRAL = (
+    ("repeat_penalty", "1", _number(lambda v: v == 1)),
+    ("typical_p", "1", _number(lambda v: v >= 1)),
+    ("mirostat", "0", _number(lambda v: v == 0)),
+    ("dry_multiplier", "0", _number(lambda v: v == 0)),
+    ("xtc_probability", "0", _number(lambda v: v <= 0)),
+    ("top_n_sigma", "-1", _number(lambda v: v <= 0)),
+    ("dynatemp_range", "0", _number(lambda v: v <= 0)),
+    ("ignore_eos", "false", lambda v: v is False),
+    ("n_probs", "0", _number(lambda v: v == 0)),
+)
+
+
 def unsupported(body: _Common) -> tuple[str, str] | None:
     """(field, why) of the first field this server would have to ignore, or None."""
     extra = body.model_extra or {}
@@ -138,6 +169,14 @@ def unsupported(body: _Common) -> tuple[str, str] | None:
         if value is not None and value != []:
             return name, f"{what} are not supported by this server" if what.endswith("s") else \
                 f"{what} is not supported by this server"
+    for name, neutral, is_neutral in _NEUTRAL:
+        if name in extra and extra[name] is not None and not is_neutral(extra[name]):
+            return name, (f"{name} is not supported by this server (only {neutral}, which "
+                          f"changes nothing), got {json.dumps(extra[name])[:40]}: leave it out")
+    if extra.get("samplers") is not None:  # llama-server's sampler order
+        return "samplers", ("samplers is not supported by this server: both models are warped "
+                            "by top_k, top_p, min_p, then temperature (llama.cpp's default order), "
+                            "so the acceptance test compares like with like: leave it out")
     if body.n != 1:
         return "n", f"only n=1 is supported (one choice per request), got {body.n}"
     if body.logprobs or getattr(body, "top_logprobs", None):
@@ -171,6 +210,8 @@ def openai_param(option: str | None, body: _Common | None = None) -> str | None:
     if option == "n_predict" and isinstance(body, ChatCompletionRequest) and \
             body.max_completion_tokens is not None:
         return "max_completion_tokens"
+    if option == "n_predict" and body is not None and body.n_predict is not None:
+        return "n_predict"
     if option in ("json_schema", "json_object") and body is not None and \
             body.response_format is not None:
         return "response_format"
@@ -217,6 +258,15 @@ def overrides(body: _Common) -> dict[str, Any]:
             raise InputError(f"{name} must be >= 1, got {n} (leave it out for the server's "
                              "default, its -n)", param=name)
         out["n_predict"] = n
+    if body.n_predict is not None:  # llama-server's name, and its -1 = no limit
+        if n is not None and n != body.n_predict:
+            raise InputError(f"n_predict is llama-server's name of {name}: give one of them, not "
+                             f"both ({body.n_predict} and {n})", param="n_predict")
+        if body.n_predict < 1 and body.n_predict != -1:
+            raise InputError(f"n_predict must be >= 1, or -1 = until the end of generation or a "
+                             f"full context (as llama-server), got {body.n_predict}",
+                             param="n_predict")
+        out["n_predict"] = body.n_predict
     for name in ("temperature", "top_p", "top_k", "min_p", "seed", "cache_prompt"):
         value = getattr(body, name)
         if value is not None:
