@@ -430,3 +430,39 @@ def test_llama_servers_fields_are_implemented_or_refused(server):
                                                                          "n_predict")]:
         r = httpx.post(url, json={"prompt": "the cat", **body}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+FOREIGN_WORDS = ["▁", "▁the", "▁a", "▁cats", "▁dog", "▁sat", "▁on", "e", "at", "o", "n", "s"]
+
+
+def test_a_foreign_draft_is_reported_and_errors_name_no_server_file(files, tmp_path):
+    """Responses and /metrics carry draft_vocab and vocab_coverage (README "Foreign drafts"); the
+    400 for draft_vocab same on a foreign pair names the models without this machine's paths."""
+    (tmp_path / "secret-dir").mkdir()
+    foreign = write_llama(tmp_path / "secret-dir" / "foreign-draft.gguf", seed=5,
+                          words=FOREIGN_WORDS, chat_template=CHAT_TEMPLATE)
+    with LiveServer(files["ver"], foreign, "-t", "1", "-k", "3", "-n", "8") as s:
+        c = client(s)
+        spec = chat(c, max_tokens=8, seed=1).model_extra["speculative"]
+        assert spec["draft_vocab"] == "intersect" and 0.0 < spec["vocab_coverage"] <= 1.0
+        text = chat(c, max_tokens=4, seed=1, extra_body={"speculative": {"draft_vocab": "text"}})
+        assert text.model_extra["speculative"]["draft_vocab"] == "text"
+        off = chat(c, max_tokens=4, extra_body={"speculative": False}).model_extra["speculative"]
+        assert off["draft_vocab"] is None and off["vocab_coverage"] is None
+        metrics = httpx.get(s.url + "/metrics").text
+        assert 'cactus_draft_vocab_generations_total{draft_vocab="intersect"} 1.0' in metrics
+        assert 'cactus_draft_vocab_generations_total{draft_vocab="text"} 1.0' in metrics
+        assert "cactus_vocab_coverage_count 2.0" in metrics
+        r = httpx.post(s.url + "/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "x"}],
+            "speculative": {"draft_vocab": "same"}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "speculative.draft_vocab"
+        message = r.json()["error"]["message"]
+        assert "speculative.draft_vocab same" in message and "DRAFT" in message, message
+        assert "VERIFIER" in message
+        for secret in (str(tmp_path), "secret-dir", "foreign-draft.gguf", str(files["ver"]),
+                       files["ver"].name):
+            assert secret not in message, (secret, message)
+        models = httpx.get(s.url + "/v1/models").json()["data"][0]
+        assert (models["verifier"], models["draft"]) == ("ver.gguf", "foreign-draft.gguf")
+    assert s.returncode == 0

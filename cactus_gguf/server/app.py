@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -37,7 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import CactusError
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .schemas import (ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt,
-                      to_request)
+                      openai_param, to_request)
 from .worker import Job, QueueFullError, ShuttingDownError, Worker
 
 __all__ = ["ServerConfig", "create_app"]
@@ -74,11 +76,64 @@ def error(status: int, message: str, *, type_: str = "invalid_request_error",
                                    "code": code}}, status_code=status, headers=headers)
 
 
-def error_of(e: CactusError) -> JSONResponse:
-    """An engine or input error as its HTTP answer (errors.py gives status and type)."""
+def _same(text: str) -> str:
+    return text
+
+
+def error_of(e: CactusError, redact=_same, body=None) -> JSONResponse:
+    """An engine or input error as its HTTP answer (errors.py gives status and type); ``redact``
+    takes this machine's paths out of the message (:class:`Redactor`); with the request's
+    ``body``, options are named as its client wrote them (``speculative.draft_vocab``)."""
     headers = {"Retry-After": "1"} if e.http_status == 503 else None
-    return error(e.http_status, str(e), type_=e.error_type, param=e.param, code=e.code,
-                 headers=headers)
+    name = (lambda n: openai_param(n, body)) if body is not None else (lambda n: n)
+    return error(e.http_status, redact(e.render(name)), type_=e.error_type, param=name(e.param)
+                 if e.param else None, code=e.code, headers=headers)
+
+
+# an absolute path: POSIX (checked against the file system, so a URL path such as /v1/models in a
+# message stays) or a Windows drive path
+_ABS_PATH = re.compile(r"(?<![\w.~/-])(?:[A-Za-z]:\\|/)[^\s'\"`,;()<>]*[^\s'\"`,;()<>.:]")
+
+
+class Redactor:
+    """What a client may read of an error: the server's message without this machine's file paths
+    or model file names. Each model's paths (as given, absolute, real, and the loaded file) and
+    their file names become VERIFIER and DRAFT, the names the CLI's usage gives them; any other
+    absolute path on this machine becomes ``<server path>``. Library messages name files to help
+    the operator (`cactus-gguf vocab /models/v.gguf ...`); the operator's log keeps them."""
+
+    def __init__(self, config: "ServerConfig", worker: Worker) -> None:
+        self.config, self.worker = config, worker
+
+    def _known(self) -> list[tuple[str, str]]:
+        """(text, replacement) pairs, longest text first."""
+        engine = self.worker.engine
+        found = set()
+        for role, spec, attr in (("VERIFIER", self.config.verifier, "verifier"),
+                                 ("DRAFT", self.config.draft, "draft")):
+            ctx = getattr(engine, attr, None)
+            paths = [p for p in (spec, getattr(getattr(ctx, "model", None), "path", None)) if p]
+            for p in paths:
+                p = os.fspath(p)
+                if p == spec and not (os.sep in p or "/" in p or os.path.isfile(p)):
+                    continue  # a registry name: public, not a file of this machine
+                for variant in {p, os.path.abspath(p), os.path.realpath(p)}:
+                    found.update({(variant, role), (os.path.basename(variant), role)})
+        return sorted(found, key=lambda x: -len(x[0]))
+
+    def __call__(self, text: str) -> str:
+        for known, role in self._known():
+            text = text.replace(known, role)
+        return _ABS_PATH.sub(self._path, text)
+
+    @staticmethod
+    def _path(m: re.Match) -> str:
+        path = m.group(0)
+        if path.startswith("/"):  # a path of this machine's file system, not a URL's
+            top = path.split("/")[1]
+            if not top or not os.path.exists("/" + top):
+                return path
+        return "<server path>"
 
 
 _TYPE_TAGS = {"str", "bool", "int", "float", "none", "dict"}
@@ -99,6 +154,7 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
                                                    if result is not None else None)
     app = FastAPI(title="cactus-gguf", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.metrics, app.state.worker, app.state.config = metrics, worker, config
+    redact = app.state.redact = Redactor(config, worker)
     app.state.shutdown = lambda: worker.shutdown(config.shutdown_grace)
     _install_middleware(app, config, metrics)
     _install_error_handlers(app)
@@ -119,8 +175,9 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
             return JSONResponse({"status": "loading"}, status_code=503,
                                 headers={"Retry-After": "1"})
         if worker.state == "lost":  # an RPC server died: restart it and this server
-            return error(503, worker.error, type_="server_error", code="rpc_server_lost")
-        return error(500, f"the models failed to load: {worker.error}", type_="server_error")
+            return error(503, redact(worker.error), type_="server_error", code="rpc_server_lost")
+        return error(500, redact(f"the models failed to load: {worker.error}"),
+                     type_="server_error")
 
     @app.get("/metrics")
     async def metrics_route():
@@ -129,18 +186,21 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
 
     @app.get("/v1/models")
     async def models():
+        # the models by name (a registry name, or the file's name), never this machine's path
         return {"object": "list", "data": [{
             "id": config.model_id, "object": "model", "created": config.created,
-            "owned_by": "cactus-gguf", "verifier": config.verifier, "draft": config.draft}]}
+            "owned_by": "cactus-gguf", "verifier": os.path.basename(config.verifier),
+            "draft": os.path.basename(config.draft) if config.draft else None}]}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: HttpRequest):
-        return await _generate(request, body, chat_messages(body), True, config, worker, metrics)
+        return await _generate(request, body, chat_messages(body), True, config, worker, metrics,
+                               redact)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: HttpRequest):
         return await _generate(request, body, completion_prompt(body), False, config, worker,
-                               metrics)
+                               metrics, redact)
 
     return app
 
@@ -226,11 +286,12 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(CactusError)
     async def cactus_error(request, exc: CactusError):
-        return error_of(exc)
+        return error_of(exc, request.app.state.redact)
 
     @app.exception_handler(Exception)
     async def unexpected(request, exc: Exception):
-        return error(500, f"internal error: {type(exc).__name__}: {exc}", type_="server_error")
+        return error(500, request.app.state.redact(f"internal error: {type(exc).__name__}: {exc}"),
+                     type_="server_error")
 
 
 # -------------------------------------------------------------------------------------------------
@@ -270,21 +331,21 @@ class _Watch:
                 return event
 
 
-def _engine_error(payload) -> JSONResponse:
-    return error_of(payload) if isinstance(payload, CactusError) else error(
-        500, str(payload), type_="server_error")
+def _engine_error(payload, redact, body) -> JSONResponse:
+    return error_of(payload, redact, body) if isinstance(payload, CactusError) else error(
+        500, redact(str(payload)), type_="server_error")
 
 
 async def _generate(request: HttpRequest, body, prompt, chat: bool, config: ServerConfig,
-                    worker: Worker, metrics: Metrics):
+                    worker: Worker, metrics: Metrics, redact: Redactor):
     if worker.state == "lost":
-        return error(503, worker.error, type_="server_error", code="rpc_server_lost")
+        return error(503, redact(worker.error), type_="server_error", code="rpc_server_lost")
     if worker.stopping:
         return error_of(ShuttingDownError())
     if worker.state != "ready":
         return error(503, "the models are still loading" if worker.state == "loading"
-                     else f"the models failed to load: {worker.error}", type_="server_error",
-                     code="not_ready", headers={"Retry-After": "1"})
+                     else redact(f"the models failed to load: {worker.error}"),
+                     type_="server_error", code="not_ready", headers={"Retry-After": "1"})
     if config.strict_model and body.model is not None and \
             body.model not in (config.model_id, config.verifier):
         return error(404, f"model {body.model!r} not found: this server serves "
@@ -303,15 +364,15 @@ async def _generate(request: HttpRequest, body, prompt, chat: bool, config: Serv
     except _ClientGone:
         return Response(status_code=499)
     if kind == "error":
-        return _engine_error(payload)
+        return _engine_error(payload, redact, body)
     shape = _Shape(chat, config.model_id, req)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         request.state.counted_by_stream = True  # its status is known only at its end
         # on shutdown, sse-starlette would cut the stream at once (a silent end): it waits while
         # the worker's grace runs and the stream sends its own last event
-        return EventSourceResponse(_sse(job, request, shape, include_usage, metrics), ping=15,
-                                   shutdown_grace_period=config.shutdown_grace + 5)
+        return EventSourceResponse(_sse(job, request, shape, include_usage, metrics, redact),
+                                   ping=15, shutdown_grace_period=config.shutdown_grace + 5)
     text = []
     try:
         while True:
@@ -323,7 +384,7 @@ async def _generate(request: HttpRequest, body, prompt, chat: bool, config: Serv
                     return error_of(ShuttingDownError(_cut_short(payload)))
                 return shape.response("".join(text), payload, job.stopped_by)
             else:
-                return _engine_error(payload)
+                return _engine_error(payload, redact, body)
     except _ClientGone:
         return Response(status_code=499)
 
@@ -333,14 +394,14 @@ def _cut_short(result) -> str:
             f"{result.stats.n_tokens} tokens; send the request again when it is back")
 
 
-def _error_event(e) -> dict:
+def _error_event(e, redact=_same) -> dict:
     return {"data": json.dumps({"error": {
-        "message": str(e), "type": getattr(e, "error_type", "server_error"),
+        "message": redact(str(e)), "type": getattr(e, "error_type", "server_error"),
         "param": getattr(e, "param", None), "code": getattr(e, "code", None)}})}
 
 
 async def _sse(job: Job, request: HttpRequest, shape: "_Shape", include_usage: bool,
-               metrics: Metrics):
+               metrics: Metrics, redact: Redactor):
     """The SSE events of a streaming response: OpenAI's chunks, then ``[DONE]``. A stream the
     server's shutdown ends early gets an error event (code ``server_shutdown``) in place of the
     chunk with a ``finish_reason``. Counted in the metrics when it ends: 200, 499 when the client
@@ -365,7 +426,7 @@ async def _sse(job: Job, request: HttpRequest, shape: "_Shape", include_usage: b
                 break
             else:
                 status = "500"
-                yield _error_event(payload)
+                yield _error_event(payload, redact)
                 break
         yield {"data": "[DONE]"}
         if status == "499":
@@ -411,7 +472,12 @@ class _Shape:
                 "first_token_seconds": s.first_token_seconds,
                 "tokens_per_second": s.tokens_per_second,
                 "prompt_tokens_reused": s.n_prompt_tokens_reused,
-                "draft_stopped_at": s.draft_stopped_at, "seed": result.seed}
+                "draft_stopped_at": s.draft_stopped_at,
+                # how the draft's tokens reached the verifier, and (another vocabulary) the
+                # verifier's mass on the tokens it could propose: README "Foreign drafts"
+                "draft_vocab": s.draft_vocab if speculates else None,
+                "vocab_coverage": s.vocab_coverage if speculates else None,
+                "seed": result.seed}
 
     @staticmethod
     def usage(result) -> dict:

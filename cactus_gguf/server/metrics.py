@@ -1,9 +1,10 @@
 """The server's Prometheus metrics (``GET /metrics``), with prometheus-client.
 
-Counters of requests (by endpoint and HTTP status), tokens, verifier calls and draft forwards;
-histograms per finished generation (an answer) of its time end to end, its verifier calls and
-tokens (the per-answer figures: what a client waits for), time to first token, decode speed,
-acceptance rate, acceptance length and KL; the queue depth as a gauge. One registry per app, so
+Counters of requests (by endpoint and HTTP status), tokens, verifier calls and draft forwards,
+generations by ``draft_vocab``; histograms per finished generation (an answer) of its time end to
+end, its verifier calls and tokens (the per-answer figures: what a client waits for), time to
+first token, decode speed, acceptance rate, acceptance length, KL and a foreign draft's
+``vocab_coverage``; the queue depth as a gauge. One registry per app, so
 two servers in one process do not mix.
 """
 from __future__ import annotations
@@ -63,6 +64,14 @@ class Metrics:
                                    "mean KL(P || q) of the emitted tokens' law, per token",
                                    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4),
                                    registry=r)
+        self.draft_vocab = Counter(
+            "cactus_draft_vocab_generations", "finished generations with a draft model, by how "
+            "its tokens reached the verifier (same, map, intersect, text)", ["draft_vocab"],
+            registry=r)
+        self.vocab_coverage = Histogram(
+            "cactus_vocab_coverage", "a draft of another vocabulary: the verifier's mean "
+            "probability mass on the tokens the draft can propose, per generation",
+            buckets=_RATE, registry=r)
 
     def finished(self, stats) -> None:
         """Record one finished generation's statistics (a GenerationStats)."""
@@ -80,6 +89,10 @@ class Metrics:
             self.ttft.observe(stats.first_token_seconds)
         if stats.tokens_per_second:
             self.tps.observe(stats.tokens_per_second)
+        if stats.draft_vocab is not None:
+            self.draft_vocab.labels(stats.draft_vocab).inc()
+        if stats.vocab_coverage is not None:
+            self.vocab_coverage.observe(stats.vocab_coverage)
         if stats.n_drafted:
             self.acceptance.observe(stats.acceptance_rate)
             self.al.observe(stats.mean_accepted_length)
