@@ -827,3 +827,121 @@ def test_the_registry_calls_smollm2_a_foreign_draft():
     r = run_cli("models")
     assert r.returncode == 0, r.stderr
     assert "not a valid draft" not in r.stdout and "a foreign draft for the Qwen models" in r.stdout
+
+
+# ============================================================================================
+# A model's metadata alone (`cactus-gguf vocab` NAME NAME: issue 42 item 8)
+# ============================================================================================
+
+
+def _tiny_ggufs(tmp_path: Path) -> tuple[bytes, bytes]:
+    """Two tiny GGUFs of different vocabularies (a verifier, a foreign draft), as bytes."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from support.tiny_gguf import write_llama
+
+    d = tmp_path / "ggufs"
+    d.mkdir()
+    words = ["▁", "▁the", "▁a", "▁cats", "▁dog", "e", "at"]
+    return (write_llama(d / "v.gguf", seed=11).read_bytes(),
+            write_llama(d / "d.gguf", seed=5, words=words).read_bytes())
+
+
+def test_gguf_metadata_ends_where_the_tensor_infos_begin(tmp_path):
+    from cactus_gguf.registry.metadata import metadata_end, metadata_gguf
+    from cactus_gguf.speculative.vocab_map import read_vocab
+
+    data, _ = _tiny_ggufs(tmp_path)
+    end = metadata_end(data)
+    assert end is not None and end < len(data) // 10  # the weights are the rest
+    assert all(metadata_end(data[:n]) is None for n in (0, 23, 24, 100, end - 1))
+    assert metadata_end(data[:end]) == end
+    (tmp_path / "meta.gguf").write_bytes(metadata_gguf(data, end))
+    (tmp_path / "whole.gguf").write_bytes(data)
+    assert read_vocab(tmp_path / "meta.gguf").sha256 == read_vocab(tmp_path / "whole.gguf").sha256
+    with pytest.raises(ValueError, match="not a GGUF"):
+        metadata_end(b"PK\x03\x04" + bytes(40))
+
+
+def _vocab_cli(reg, monkeypatch, *names):
+    from click.testing import CliRunner
+
+    from cactus_gguf.cli import main
+
+    monkeypatch.setattr(registry.metadata, "load_registry", lambda: reg)
+    return CliRunner().invoke(main, ["vocab", *names, "--json"])
+
+
+def test_vocab_of_hub_models_reads_their_metadata_not_their_weights(tmp_path, hub, monkeypatch):
+    ver, dft = _tiny_ggufs(tmp_path)
+    hub.files[(REPO, "v.gguf")], hub.files[(REPO, "d.gguf")] = ver, dft
+    models = [_model(name, [{"type": "huggingface", "repo": REPO, "filename": f"{name}.gguf"}])
+              for name in ("v", "d")]
+    reg = registry.load_registry(write_registry(tmp_path, models, [_pair("v+d", "v", "d")]))
+    monkeypatch.setattr(registry.metadata, "FIRST_READ", 1024)  # read 1, 2, 4, 8 KiB...
+    monkeypatch.setattr(registry.hub, "fetch", lambda *a, **kw: pytest.fail("downloaded whole"))
+
+    out = _vocab_cli(reg, monkeypatch, "v", "d")
+    assert out.exit_code == 0, out.output
+    got = json.loads(out.stdout)
+    (tmp_path / "v.gguf").write_bytes(ver)
+    (tmp_path / "d.gguf").write_bytes(dft)
+    from cactus_gguf.speculative.vocab_map import build_map, read_vocab
+
+    want = build_map(read_vocab(tmp_path / "v.gguf"), read_vocab(tmp_path / "d.gguf"))
+    assert got["method"] == want.method == "intersect"
+    assert got["n_text_shared"] == want.n_text_shared
+    for name, data in (("v", ver), ("d", dft)):  # a GGUF of the metadata, much less than the file
+        meta = Path(got["verifier" if name == "v" else "draft"])
+        assert meta.name == f"{name}.gguf" and len(data) > 10 * meta.stat().st_size
+    assert hub_leftovers(tmp_path) == []  # nothing in huggingface_hub's download cache
+    requests = len(hub.requests)
+    assert _vocab_cli(reg, monkeypatch, "v", "d").exit_code == 0
+    assert len(hub.requests) == requests  # the metadata is cached: no network the second time
+
+
+def test_vocab_of_wheel_parts_fetches_the_first_wheels_only(tmp_path, index, pip_calls,
+                                                             monkeypatch):
+    ver, dft = _tiny_ggufs(tmp_path)
+    # each model in three parts; the metadata lies in the first two of the verifier's
+    cut = [0, 4000, 8000, len(ver)]
+    for i in range(3):
+        make_wheel(index, f"v-part{i + 1}", "1.0",
+                   {f"v_part{i + 1}/data/part{i + 1:02d}.bin": ver[cut[i]:cut[i + 1]]})
+    make_wheel(index, "d-part1", "1.0", {"d_part1/data/part01.bin": dft})
+    models = [_model("v", [{"type": "pypi-parts", "packages": {"pattern": "v-part{i}", "count": 3},
+                            "version": "1.0", "sha256": sha256(ver)}]),
+              _model("d", [{"type": "pypi-parts", "packages": ["d-part1"], "version": "1.0",
+                            "sha256": sha256(dft)}])]
+    reg = registry.load_registry(write_registry(tmp_path, models, [_pair("v+d", "v", "d")]))
+    from cactus_gguf.registry.metadata import metadata_end
+
+    assert 4000 < metadata_end(ver) < 8000
+
+    out = _vocab_cli(reg, monkeypatch, "v", "d")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["method"] == "intersect"
+    assert sorted(c[-1] for c in pip_calls) == ["d-part1==1.0", "v-part1==1.0", "v-part2==1.0"]
+    # the wheels stay for a pull, which fetches only the third
+    pip_calls.clear()
+    assert registry.pull_model("v", progress=False, registry=reg).read_bytes() == ver
+    assert [c[-1] for c in pip_calls] == ["v-part3==1.0"]
+    # a cached model: its own file, no pip
+    forbid_pip(monkeypatch)
+    assert registry.model_metadata("v", registry=reg).read_bytes() == ver
+
+
+def test_vocab_metadata_offline_and_paths(tmp_path, index, monkeypatch):
+    ver, _ = _tiny_ggufs(tmp_path)
+    make_wheel(index, "v-part1", "1.0", {"v_part1/data/part01.bin": ver})
+    reg = parts_registry(tmp_path, sha256(ver), ["v-part1"])
+    forbid_pip(monkeypatch)
+    monkeypatch.setenv("CACTUS_GGUF_OFFLINE", "1")
+    with pytest.raises(RegistryError, match="not in the cache and offline mode is on"):
+        registry.model_metadata("tiny-parts", registry=reg)
+    local = tmp_path / "local.gguf"
+    local.write_bytes(ver)
+    assert registry.model_metadata(str(local), registry=reg) == local
+    with pytest.raises(RegistryError, match="is a pair"):
+        registry.model_metadata("test-pair", registry=reg)

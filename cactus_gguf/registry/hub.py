@@ -7,10 +7,11 @@ deleted from the hub cache. A split GGUF is every shard, first shard first.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .cache import (check_disk_space, hub_cache_dir, hub_marker, marker_sha, offline_variables,
                     sha256_file, verify_cached, write_marker)
@@ -122,6 +123,56 @@ def fetch(model: ModelEntry, src: Source, *, progress: bool) -> PullResult:
         shas.append(sha)
     return PullResult(model.name, paths[0], shas[0], src, src.expected_sha256[0] is not None,
                       cached=False)
+
+
+@contextlib.contextmanager
+def open_remote(src: Source, filename: str, what: str) -> Iterator[Any]:
+    """``filename`` of ``src`` on the Hub, read from its start over one HTTP range request
+    without downloading the rest: what registry/metadata.py reads a file's first bytes with.
+    huggingface_hub resolves the file (its endpoint, token and redirects, as for a download);
+    the bytes come from where it points, with the token only on the Hub's own host. The object
+    yielded has ``read(n)``. Raises DownloadError (one line, the cause chained)."""
+    import urllib.parse
+    import urllib.request
+
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
+    endpoint = (os.environ.get("HF_ENDPOINT") or "").rstrip("/") or None
+    url = hf_hub_url(src.repo, filename, revision=src.revision, endpoint=endpoint)
+    try:
+        location = get_hf_file_metadata(url, endpoint=endpoint).location or url
+        headers = {"Range": "bytes=0-"}
+        if urllib.parse.urlsplit(location).netloc == urllib.parse.urlsplit(url).netloc:
+            headers.update(build_hf_headers())  # the Hub itself: the token; a CDN: signed URL
+        response = urllib.request.urlopen(urllib.request.Request(location, headers=headers),
+                                          timeout=30)
+    except Exception as e:  # network, HTTP, auth: one line, cause chained
+        raise DownloadError(f"{what}: {type(e).__name__}: {_first_line(e)}") from e
+    try:
+        yield _Reading(response, what)
+    finally:
+        response.close()  # the rest of the file is never read
+
+
+class _Reading:
+    """A response's ``read(n)`` (up to n bytes; fewer only at the file's end), its failures as
+    DownloadError."""
+
+    def __init__(self, f: Any, what: str) -> None:
+        self._f, self._what = f, what
+
+    def read(self, n: int) -> bytes:
+        data = b""
+        try:
+            while len(data) < n:
+                block = self._f.read(n - len(data))
+                if not block:
+                    break
+                data += block
+        except Exception as e:  # network, HTTP: one line, cause chained
+            raise DownloadError(f"{self._what}: {type(e).__name__}: {_first_line(e)}") from e
+        return data
 
 
 def _first_line(e: BaseException) -> str:
