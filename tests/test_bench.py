@@ -537,3 +537,19 @@ def test_the_families_that_keep_answers_set_their_rule():
     # cactus stays the paper's rule under a protected base (the default pair recommends 0.1)
     assert bench.request_for(base.replace(protect_ends=0.3), configs[2]).protect_ends == "off"
 
+
+
+def test_a_run_of_the_verifier_alone_plots_without_a_warning(tiny_run, tmp_path):
+    """`--configs none` printed matplotlib's "No artists with labels found to put in legend"
+    (with its source path): the acceptance-length panel has nothing on it (issue 42 item 11)."""
+    pytest.importorskip("matplotlib")
+    import warnings
+
+    from cactus_gguf.bench.plot import plot_pareto, plot_report
+
+    _, report, _, _ = tiny_run
+    alone = {**report, "summary": [s for s in report["summary"] if s["method"] == "none"]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plot_report(alone, tmp_path / "bench.png").read_bytes()[:8] == PNG_MAGIC
+        assert plot_pareto(alone, tmp_path / "pareto.png").read_bytes()[:8] == PNG_MAGIC

@@ -33,6 +33,14 @@ def _save(plt, fig, path: str | os.PathLike[str]) -> Path:
     return path
 
 
+def _legend(ax, **kw) -> None:
+    """The panel's legend, when something on it has a label: a panel a run leaves empty (the
+    acceptance length of ``--configs none``, which drafts nothing) gets none, where matplotlib
+    would warn "No artists with labels found"."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+
+
 def _seconds_per_answer(s: dict) -> float | None:
     return (s.get("per_answer") or {}).get("seconds")
 
@@ -116,7 +124,7 @@ def _label_delta_axes(axes, cactus_deltas: list[float]) -> None:
         if cactus_deltas:
             ax.set_xticks(cactus_deltas)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax, fontsize=7)
 
 
 def _report_title(report: dict) -> str:
@@ -177,7 +185,7 @@ def plot_pareto(report: dict, path: str | os.PathLike[str]) -> Path:
         ax.set_xlabel("measured output KL, mean KL(P‖q) per token (nats)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax, fontsize=7)
     st = report["settings"]
     warps = ", ".join(f"{k} {st[k]}" for k in ("temperature", "top_k", "top_p", "min_p") if k in st)
     fig.suptitle(f"acceptance per nat of real distortion ({warps}; {report['machine']['cpu']}, "
@@ -224,7 +232,7 @@ def plot_k(report: dict, path: str | os.PathLike[str]) -> Path | None:
         ax.set_xlabel("draft length k (auto: mean tokens drafted per step)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax, fontsize=7)
     st = report["settings"]
     fig.suptitle(f"speed against draft length ({report['machine']['cpu']}, n={st['n_predict']}, "
                  f"{st['n_prompts']} prompts)", fontsize=8)
@@ -255,7 +263,7 @@ def plot_quality(report: dict, path: str | os.PathLike[str]) -> Path | None:
     ax.set_xlabel("acceptance length AL (accepted drafts per verification step)")
     ax.set_ylabel("pass@1, % (95% Wilson interval)")
     ax.set_title(f"Task quality against acceptance, {n} problems")
-    ax.legend(fontsize=8, loc="lower center")
+    _legend(ax, fontsize=8, loc="lower center")
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=120)
