@@ -246,3 +246,39 @@ def test_verbose_prints_the_draft_length_decisions(files, monkeypatch, tmp_path)
     assert any(ln.startswith("prompt of ") and "reused" in ln for ln in lines)
     quiet = run(files, "-p", "the cat", "-n", "4", "-k", "auto", "-c", "256")
     assert "draft length (" not in quiet.stderr
+
+
+# ---- issue 42 item 12: what the summary and `vocab` print ----------------------------------------
+
+def test_the_summary_gives_the_vocabulary_coverage_only_when_something_was_drafted():
+    from cactus_gguf.cli.run import summary
+    from cactus_gguf.options import Request
+    from cactus_gguf.stats import GenerationResult, GenerationStats
+
+    stats = GenerationStats(n_tokens=4, n_steps=4, draft_vocab="intersect")
+    stats.add_coverage(0.8)  # measured at each step, drafting or not
+    result = GenerationResult(text="abcd", tokens=[1, 2, 3, 4], stop_reason="length",
+                              stats=stats, seed=1)
+    line = summary(result, Request(k="auto"))
+    assert "draft vocabulary: intersect |" in line and "drafted nothing" in line
+    assert "shared tokens" not in line  # a ceiling on acceptance: nothing to say with no draft
+    stats.n_drafted, stats.n_accepted = 6, 3
+    assert "draft vocabulary: intersect, the verifier's mass on the shared tokens 80.0%" in \
+        summary(result, Request(k="auto"))
+
+
+def test_vocab_prints_a_byte_token_escaped_once():
+    import numpy as np
+
+    from cactus_gguf.speculative.vocab_map import VocabInfo, build_map, describe
+
+    def info(pieces, types):
+        return VocabInfo("x.gguf", "llama", tuple(pieces), np.array(types, np.int32), {}, "", "")
+
+    # the verifier has a byte-fallback token for 0x80 (not UTF-8 alone) and a newline; the draft
+    # has neither
+    ver = info(["<unk>", "a", "<0x80>", "<0x0A>", "b\\c"], [2, 1, 6, 6, 1])
+    dft = info(["<unk>", "a"], [2, 1])
+    [line] = [ln for ln in describe(build_map(ver, dft), "v", "d")
+              if ln.startswith("verifier only")]
+    assert line == "verifier only: 2 '\\x80', 3 '\\n', 4 'b\\c'", line

@@ -432,6 +432,15 @@ def test_llama_servers_fields_are_implemented_or_refused(server):
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
+def test_the_chat_page_offers_every_acceptance_rule(server):
+    from cactus_gguf.options import METHODS
+
+    page = httpx.get(server.url + "/").text
+    select = page[page.index('<select id="method">'):]
+    select = select[:select.index("</select>")]
+    assert set(re.findall(r'<option value="([^"]+)"', select)) == {*METHODS, "none"}
+
+
 FOREIGN_WORDS = ["▁", "▁the", "▁a", "▁cats", "▁dog", "▁sat", "▁on", "e", "at", "o", "n", "s"]
 
 

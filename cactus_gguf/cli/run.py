@@ -33,8 +33,9 @@ def summary(result, request) -> str:
             drafted += f" draft-temp {request.draft_temp:g}"  # the draft's own, not --temp
         parts.append(f"{rule} {k}{drafted}")
         if s.draft_vocab not in (None, "same"):
+            # a ceiling on what drafts could have had accepted: nothing to say when none ran
             cover = (f", the verifier's mass on the shared tokens {s.vocab_coverage:.1%}"
-                     if s.vocab_coverage is not None else "")
+                     if s.vocab_coverage is not None and s.n_drafted else "")
             parts.append(f"draft vocabulary: {s.draft_vocab}{cover}")
         if request.k == "auto" and s.n_drafted == 0 and s.draft_stopped_at is None:
             parts.append("drafted nothing (no draft length paid for itself here; -k N forces one)")

@@ -311,6 +311,13 @@ _METHOD_TEXT = {
 }
 
 
+def _shown(text: str) -> str:
+    """A token's text quoted for the report: a byte that is not UTF-8 is already written ``\\x80``
+    (build_map's backslashreplace), so only unprintable characters are escaped here (repr would
+    escape that backslash a second time: ``'\\\\x80'``)."""
+    return "'" + "".join(c if c.isprintable() else repr(c)[1:-1] for c in text) + "'"
+
+
 def describe(vm: VocabMap, verifier: str, draft: str) -> list[str]:
     """The report ``cactus-gguf vocab`` prints, as lines."""
     lines = [f"verifier {verifier}: {vm.n_vocab_verifier} ids, {vm.n_text_verifier} text tokens",
@@ -321,8 +328,8 @@ def describe(vm: VocabMap, verifier: str, draft: str) -> list[str]:
         lines.append(f"  {role:8s} draft {d if d is not None else '-':>7}  verifier "
                      f"{v if v is not None else '-':>7}")
     if vm.draft_only:
-        lines.append("draft only: " + ", ".join(f"{i} {p!r}" for i, p in vm.draft_only))
+        lines.append("draft only: " + ", ".join(f"{i} {_shown(p)}" for i, p in vm.draft_only))
     if vm.verifier_only:
-        lines.append("verifier only: " + ", ".join(f"{i} {p!r}" for i, p in vm.verifier_only))
+        lines.append("verifier only: " + ", ".join(f"{i} {_shown(p)}" for i, p in vm.verifier_only))
     lines.append("method: " + _METHOD_TEXT[vm.method])
     return lines
