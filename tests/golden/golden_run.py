@@ -1,17 +1,45 @@
 """How a golden case is decoded with the current API (the only file to adapt when the API moves)."""
 from __future__ import annotations
 
-import hashlib
 from contextlib import contextmanager
 
+# Threads the golden cases run with, whatever the machine's cores: every entry was recorded with 2
+# (the default, the usable cores, on each machine they were recorded on), so a host with more cores
+# still finds its entry.
+THREADS = 2
 
-def signature(engine) -> str:
-    """What the float results depend on: llama.cpp's CPU feature line and weight repacking."""
+# llama.cpp's CPU features that do not pick a kernel: OPENMP is the thread runtime; REPACK says the
+# build can repack weights, and whether it does is the load's choice (the key's "repack").
+_NOT_KERNELS = {"OPENMP", "REPACK"}
+
+
+def kernel_key(system_info: str, repack: bool, n_threads: int) -> str:
+    """The golden entry a machine compares against: what picks llama.cpp's CPU kernels, and so the
+    float rounding the ids depend on. ``system_info``: llama.cpp's feature line
+    (``llama_print_system_info``: "CPU : SSE3 = 1 | ... | AVX2 = 1 | ... |", the instruction-set
+    extensions this build compiled and this CPU has: AVX2, AVX512, AVX512_BF16, AMX_INT8, ...;
+    llamafile's sgemm); ``repack``: weights repacked at load (a REPACK build, and the AMX guard's
+    choice); ``n_threads``: the contexts' threads. E.g. "sse3 ssse3 avx avx2 f16c fma bmi2
+    llamafile | repack | 2 threads"."""
+    cpu = system_info.split("CPU :", 1)[1] if "CPU :" in system_info else ""
+    features = []
+    for item in cpu.split("|"):
+        if " : " in item:  # the next backend's section begins
+            break
+        name, _, value = (part.strip() for part in item.partition("="))
+        if name and name not in _NOT_KERNELS:
+            features.append(name.lower() if value == "1" else f"{name.lower()}={value}")
+    built_to_repack = "REPACK = 1" in cpu
+    return (f"{' '.join(features)} | {'repack' if repack and built_to_repack else 'no repack'} | "
+            f"{n_threads} threads")
+
+
+def engine_key(engine) -> str:
+    """``kernel_key`` of this machine, this llama.cpp build and ``engine``'s load."""
     from cactus_gguf.llama import ModelOptions
     from cactus_gguf.llama.hw import system_info
 
-    return hashlib.sha256(f"{system_info()}|repack={ModelOptions().resolved_repack()}".encode()
-                          ).hexdigest()[:16]
+    return kernel_key(system_info(), ModelOptions().resolved_repack(), engine.verifier.n_threads)
 
 
 @contextmanager
@@ -19,7 +47,7 @@ def load_pair(verifier, draft, n_ctx: int):
     from cactus_gguf.options import LoadOptions
     from cactus_gguf.speculative import Engine
 
-    with Engine(verifier, draft, LoadOptions(n_ctx=n_ctx)) as engine:
+    with Engine(verifier, draft, LoadOptions(n_ctx=n_ctx, n_threads=THREADS)) as engine:
         yield engine
 
 

@@ -1,11 +1,11 @@
 """Record the golden token ids of tests/golden/cases.py on this machine:
 
-    python tests/golden/record.py            # writes tests/golden/golden.json (merging signatures)
+    python tests/golden/record.py            # writes tests/golden/golden.json (merging entries)
                                              # and tests/golden/native.json (machine-independent)
 
-Floating-point results depend on llama.cpp's CPU kernels, so the ids are stored per machine
-signature (see ``signature()``); tests/test_golden.py compares against the entry of the machine
-it runs on.
+Floating-point results depend on llama.cpp's CPU kernels, so the ids are stored under what picks
+them (golden_run.kernel_key: CPU features, repacking, threads); tests/test_golden.py compares
+against the entry of the machine it runs on.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from cases import NATIVE_CASES, REAL_CASES, REAL_PROMPTS, TINY_CASES, TINY_PROMPTS  # noqa: E402
-from golden_run import generate_ids, load_pair, native_steps, signature  # noqa: E402
+from golden_run import engine_key, generate_ids, load_pair, native_steps  # noqa: E402
 
 
 def main() -> None:
@@ -39,10 +39,10 @@ def main() -> None:
             sets["real"] = (real, REAL_CASES, REAL_PROMPTS)
         for set_name, (paths, cases, prompts) in sets.items():
             with load_pair(*paths, n_ctx=512 if set_name == "tiny" else 1024) as engine:
-                sig = signature(engine)
+                key = engine_key(engine)
                 ids = {name: generate_ids(engine, prompts[c["prompt"]], c) for name, c in cases}
-            data.setdefault(sig, {})[set_name] = ids
-            print(f"{set_name}: {len(ids)} cases recorded for {sig}")
+            data.setdefault(key, {})[set_name] = ids
+            print(f"{set_name}: {len(ids)} cases recorded for {key!r}")
     out.write_text(dump(data))
     native = {name: native_steps(acc) for name, acc in NATIVE_CASES}
     (HERE / "native.json").write_text(
@@ -51,10 +51,10 @@ def main() -> None:
 
 
 def dump(data: dict) -> str:
-    """One case per line: {signature: {set: {case: [ids]}}}."""
+    """One case per line: {kernel key: {set: {case: [ids]}}}."""
     lines = ["{"]
-    for i, (sig, sets) in enumerate(sorted(data.items())):
-        lines.append(f"{json.dumps(sig)}: {{")
+    for i, (key, sets) in enumerate(sorted(data.items())):
+        lines.append(f"{json.dumps(key)}: {{")
         for j, (set_name, cases) in enumerate(sorted(sets.items())):
             lines.append(f"  {json.dumps(set_name)}: {{")
             items = sorted(cases.items())
