@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 from .errors import InputError
 from .options import (BY_NAME, DRAFT_MODEL_OPTIONS, MODEL_DRAFTERS, SELF_DRAFTERS, LoadOptions,
                       Request, check_value, options_in, validate_pairing)
+from .options.rule import rule_of
 from .stats import GenerationResult
 
 __all__ = ["RunPlan", "ServePlan", "plan_run", "plan_serve", "open_engine", "execute_run",
@@ -339,34 +340,22 @@ def nothing_generated(plan: RunPlan) -> GenerationResult:
 
 def result_json(result: GenerationResult, plan: RunPlan) -> dict:
     """The ``--json`` object: text, settings and every statistic (seconds, tokens/s, nats).
-    Settings that do not apply to the method are null."""
+    Speculation settings that do not apply to the request are null (options/rule.py)."""
     r = plan.request
-    speculates = r.speculates
-    method = r.method if speculates else "none"  # k = 0 reports method none: the verifier alone
     out = {
         "text": result.text,
         "tokens": result.tokens,
         "stop_reason": result.stop_reason,
         "message": result.message,
         "n_ctx": result.n_ctx,
-        "method": method,
-        "delta": r.delta if method == "cactus" else None,
-        "solver": r.solver if method == "cactus" else None,
-        "budget": r.budget if method == "cactus" else None,
-        "k": r.k,
-        "k_max": r.k_max if speculates and r.k == "auto" else None,
-        "drafter": r.drafter if speculates else None,
-        "typical_epsilon": r.typical_epsilon if method == "typical" else None,
-        "typical_alpha": r.typical_alpha if method == "typical" else None,
-        "accept_top_k": r.accept_top_k if method == "topk" else None,
+        # the whole rule that ran: every speculation setting of the options table where it applies
+        # (method none when the request does not speculate; draft_temp: what the draft sampled at)
+        **rule_of(r),
         "grammar": r.grammar,
         "json_schema": r.json_schema,
         "json_object": r.json_object,
-        "draft_min": r.draft_min,
-        "draft_p_min": r.draft_p_min,
         "seed": result.seed,
         "temperature": r.temperature,
-        "draft_temp": r.draft_temperature,  # what the draft sampled at: --draft-temp, else --temp
         "top_k": r.top_k,
         "top_p": r.top_p,
         "min_p": r.min_p,

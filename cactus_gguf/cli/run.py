@@ -7,6 +7,7 @@ import click
 
 from ..errors import CactusError
 from ..options import CONSTRAINTS
+from ..options.rule import rule_words
 from . import exit_interrupted, fail, interrupt_pending, model_command, report_error
 from .params import given
 
@@ -23,9 +24,7 @@ def summary(result, request) -> str:
     if not request.speculates:
         parts.append("method none (verifier alone)")
     else:
-        rule = f"method {request.method}"
-        if request.method == "cactus":
-            rule += f" delta={request.delta:g} solver={request.solver} budget={request.budget}"
+        rule = rule_words(request)  # the acceptance rule and each of its settings (the table's)
         k = (f"k=auto (<= {request.k_max}, {s.n_drafted / max(1, s.n_steps):.2f} drafted/step)"
              if request.k == "auto" else f"k={request.k}")
         drafted = f" drafter {request.drafter}" if request.drafter != "model" else ""

@@ -119,6 +119,11 @@ class Option:
         anything loads; api.read_file_options); the API and the server take the text itself.
     normalize: applied to a value before it is checked (e.g. a JSON Schema dict -> JSON text).
     words: names a numeric option also takes in place of a number (``-k auto``).
+    applies: a setting of speculation (the server's ``speculative`` object takes exactly these,
+        and results report each one: options/rule.py): ``()`` when it applies whenever the
+        request speculates, else the conditions ``(option, values)`` under which it does, all
+        holding (``(("method", ("cactus",)),)``: Cactus only); None: not a speculation setting
+        (sampling, output, seed: every generation has them).
     """
 
     name: str
@@ -140,6 +145,7 @@ class Option:
     file_or_text: bool = False
     normalize: Callable[[Any], Any] | None = None
     words: tuple[str, ...] = ()
+    applies: tuple[tuple[str, tuple[Any, ...]], ...] | None = None
 
     def default_for(self, command: str | None) -> Any:
         return self.command_defaults.get(command, self.default) if command else self.default
@@ -209,6 +215,12 @@ _SERVE = frozenset({"serve"})
 _GEN = frozenset({"run", "serve"})  # a generation's own settings (bench sweeps them: --configs)
 _ALL = frozenset({"run", "bench", "serve"})
 
+# Where a speculation setting applies (Option.applies): whenever the request speculates, under
+# one acceptance rule, or with the drafters that read it
+_SPECULATING = ()
+_CACTUS = (("method", ("cactus",)),)
+_SAMPLED_DRAFT = (("drafter", ("model", "hybrid", "mtp")),)  # a draft sampled from a row p
+
 OPTIONS: tuple[Option, ...] = (
     # -- run: models and prompt ------------------------------------------------------------------
     Option("model", str, None, "verifier GGUF path or registry name", ("VERIFIER", "-m", "--model"),
@@ -237,72 +249,82 @@ OPTIONS: tuple[Option, ...] = (
            "`auto`: each step drafts as many (0 … `--k-max`) as pay for themselves on this "
            "machine (its forward costs, probed once and cached, and the acceptance seen so far; "
            "README \"Draft length\"); 0 = no speculation (the verifier alone, as llama.cpp's "
-           "`--draft-max 0`)", ("-k", "--draft-max"), range=Range(lo=0, note="0 = no speculation"),
+           "`--draft-max 0`)", ("-k", "--draft-max"), applies=_SPECULATING,
+           range=Range(lo=0, note="0 = no speculation"),
            recommend=True, grid=True, metavar="K", words=("auto",)),
     Option("k_max", int, 16, "`-k auto`'s ceiling: the longest draft it may choose",
-           ("--k-max",), range=Range(lo=1), recommend=True, metavar="N"),
-    Option("method", str, "cactus", _METHOD_HELP, ("--method",), choices=METHODS + ("none",),
+           ("--k-max",), applies=(("k", ("auto",)),),
+           range=Range(lo=1), recommend=True, metavar="N"),
+    Option("method", str, "cactus", _METHOD_HELP, ("--method",), applies=_SPECULATING,
+           choices=METHODS + ("none",),
            commands=_GEN),
     Option("delta", float, 1.0, "Cactus KL budget δ in nats; 0 = exactly SpS", ("--delta",),
-           range=Range(lo=0.0), recommend=True, grid=True, metavar="D",
+           applies=_CACTUS, range=Range(lo=0.0), recommend=True, grid=True, metavar="D",
            command_defaults={"bench": (0.5, 1.0, 2.0)}),
     Option("solver", str, "taylor", "Cactus γ: `taylor` (paper's closed form; can exceed δ slightly "
            "when γ > 0.5) or `exact` (binary-KL root: KL ≤ δ up to float rounding, ~1e-15)",
-           ("--solver",), choices=SOLVERS),
+           ("--solver",), applies=_CACTUS, choices=SOLVERS),
     Option("budget", str, "target", "what Cactus δ bounds: `target` (the paper's: KL(h‖q) ≤ δ for "
            "each drafted token's target; the tokens emitted can diverge more) or `output` "
            "(KL(P‖q) ≤ δ for the law P of every token a draft position emits; costs ~20 law "
            "evaluations per position; bench: the `cactus-output` configurations)", ("--budget",),
-           choices=BUDGETS, commands=_GEN),
+           applies=_CACTUS, choices=BUDGETS, commands=_GEN),
     Option("output_kl", bool, True, "measure KL(P‖q), the divergence of what each draft position "
            "emits (`output_kl_*` in the stats; exact: ~0.05 ms per position with top-k 40, ~8 ms "
            "at an untruncated 152k vocabulary, where `--no-output-kl` saves it)",
-           ("--output-kl", "--no-output-kl")),
+           ("--output-kl", "--no-output-kl"), applies=_SPECULATING),
     Option("typical_epsilon", float, 0.09, "typical acceptance ε (vLLM default)",
-           ("--typical-epsilon",), range=Range(lo=0.0), metavar="E"),
+           ("--typical-epsilon",), applies=(("method", ("typical",)),),
+           range=Range(lo=0.0), metavar="E"),
     Option("typical_alpha", float, 0.3, "typical acceptance α (vLLM default)", ("--typical-alpha",),
-           range=Range(lo=0.0), metavar="A"),
+           applies=(("method", ("typical",)),), range=Range(lo=0.0), metavar="A"),
     Option("accept_top_k", int, 5, "`topk` acceptance: size of the accepted set (within the "
-           "verifier's support)", ("--accept-top-k",), range=Range(lo=1, hi=2**31, hi_open=True),
+           "verifier's support)", ("--accept-top-k",), applies=(("method", ("topk",)),),
+           range=Range(lo=1, hi=2**31, hi_open=True),
            metavar="N"),
     Option("ears_alpha", float, 0.5, "`ears` acceptance: weight α of the tolerance α·(1 − max q) "
-           "added to SpS's ratio q[n]/p[n] (0 = SpS)", ("--ears-alpha",), range=Range(lo=0.0),
-           metavar="A"),
+           "added to SpS's ratio q[n]/p[n] (0 = SpS)", ("--ears-alpha",),
+           applies=(("method", ("ears",)),), range=Range(lo=0.0), metavar="A"),
     Option("top_gap", float, float("inf"), "Cactus: relax only drafts within G nats of the "
            "verifier's top token (q[n] ≥ max q · e^−G); the others are accepted as SpS would; "
-           "`inf` = every draft (the paper's rule)", ("--top-gap",), range=Range(lo=0.0),
+           "`inf` = every draft (the paper's rule)", ("--top-gap",), applies=_CACTUS,
+           range=Range(lo=0.0),
            recommend=True, metavar="G"),
     Option("protect_ends", float, "off", "Cactus: at positions where the verifier puts at least "
            "TAU on ending (end-of-generation tokens and tokens that start a stop string), keep "
            "that chance in what is emitted (the position falls back to SpS where Cactus would "
            "lower it), so answers end where the verifier's would; `off` = the paper's rule",
-           ("--protect-ends",), range=Range(lo=0.0, hi=1.0), recommend=True, metavar="TAU",
+           ("--protect-ends",), applies=_CACTUS,
+           range=Range(lo=0.0, hi=1.0), recommend=True, metavar="TAU",
            words=("off",)),
     Option("drafter", str, "model", "`model` (the DRAFT GGUF), `ngram` (prompt lookup from the "
            "token history: no draft model, `cactus-gguf run VERIFIER --drafter ngram`) or "
            "`hybrid` (prompt lookup when the last `--ngram-max` tokens occurred before, else the "
            "draft model) or `mtp` (the verifier's own next-n layers, Qwen3.5: no draft model; "
            "llama.cpp's `--spec-type draft-mtp`, sampled and checked by any rule)",
-           ("--drafter",), choices=DRAFTERS, commands=_GEN),
+           ("--drafter",), applies=_SPECULATING, choices=DRAFTERS, commands=_GEN),
     Option("ngram_max", int, 3, "`ngram` drafter: longest n-gram looked up (`hybrid`: the "
-           "match length it needs)", ("--ngram-max",),
+           "match length it needs)", ("--ngram-max",), applies=(("drafter", ("ngram", "hybrid")),),
            range=Range(lo=1), metavar="N"),
     Option("ngram_min", int, 1, "`ngram` drafter: shortest n-gram looked up", ("--ngram-min",),
-           range=Range(lo=1), metavar="N"),
+           applies=(("drafter", ("ngram",)),), range=Range(lo=1), metavar="N"),
     Option("draft_window", int, 0, "the draft model prefills only the last N tokens of the "
            "prompt (less prompt processing for a long prompt, at some acceptance); 0 = all",
-           ("--draft-window",), range=Range(lo=0, note="0 = the whole prompt"), metavar="N"),
+           ("--draft-window",), applies=(("drafter", MODEL_DRAFTERS),),
+           range=Range(lo=0, note="0 = the whole prompt"), metavar="N"),
     Option("draft_vocab", str, "auto", "how the draft's tokens reach the verifier: `same` (one "
            "vocabulary, ids as they are), `map` (the same text tokens under other ids or special "
            "tokens: ids translated), `intersect` (different tokenizers: the draft samples only "
            "tokens both vocabularies have, renormalised; exact), `text` (different tokenizers: "
            "the draft's text is re-tokenised by the verifier, proposals treated as one-hot); "
            "`auto` = what `cactus-gguf vocab VERIFIER DRAFT` says the pair needs (README "
-           "\"Foreign drafts\")", ("--draft-vocab",), choices=DRAFT_VOCABS),
+           "\"Foreign drafts\")", ("--draft-vocab",), applies=(("drafter", MODEL_DRAFTERS),),
+           choices=DRAFT_VOCABS),
     Option("draft_min", int, 0, "drop a draft shorter than N (that step is verifier-only), as "
-           "llama.cpp", ("--draft-min",), range=Range(lo=0), metavar="N"),
+           "llama.cpp", ("--draft-min",), applies=_SPECULATING, range=Range(lo=0), metavar="N"),
     Option("draft_p_min", float, 0.0, "stop drafting when the draft's most likely token has "
-           "probability below P, as llama.cpp", ("--draft-p-min",), range=Range(lo=0.0, hi=1.0),
+           "probability below P, as llama.cpp", ("--draft-p-min",), applies=_SAMPLED_DRAFT,
+           range=Range(lo=0.0, hi=1.0),
            metavar="P"),
     Option("temperature", float, 0.8, "temperature; 0 = greedy (acceptance is then exact match)",
            ("--temp",), range=Range(note="<= 0 = greedy, inf = uniform over the kept tokens"),
@@ -310,7 +332,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("draft_temp", float, None, "the draft's own temperature: it samples its proposals at T "
            "with the request's top-k / top-p / min-p (0 = greedy: a one-hot proposal at its top "
            "token), and every acceptance rule checks exactly that proposal, so SpS stays exact "
-           "(README \"Draft temperature\")", ("--draft-temp",),
+           "(README \"Draft temperature\")", ("--draft-temp",), applies=_SAMPLED_DRAFT,
            range=Range(lo=0.0, hi=math.inf, hi_open=True, note="0 = greedy"), optional=True,
            shown_default="--temp", metavar="T"),
     Option("top_k", int, 40, "top-k (0 = off)", ("--top-k",),

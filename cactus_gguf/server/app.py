@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming and not),
 ``GET /v1/models``, ``GET /health`` (503 while the models load), ``GET /metrics`` (Prometheus),
-``GET /`` (the chat page, static files of the package).
+``GET /`` (the chat page, static files of the package), ``GET /docs`` and ``/openapi.json`` (the
+request schemas).
 
 Every error is OpenAI's JSON, ``{"error": {"message", "type", "param", "code"}}``: 400 for invalid
 JSON or values (naming the field) and for a prompt longer than the context, 401 for a missing or
@@ -37,6 +38,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import CactusError
+from ..options.rule import rule_of
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .schemas import (ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt,
                       openai_param, to_request)
@@ -152,7 +154,10 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
     metrics = metrics or Metrics()
     worker.on_finish = lambda job, result, waited: (metrics.finished(result.stats)
                                                    if result is not None else None)
-    app = FastAPI(title="cactus-gguf", docs_url=None, redoc_url=None, openapi_url=None)
+    # /docs and /openapi.json: the request bodies' JSON schema, the speculative object's from the
+    # options table (server/speculative.py)
+    app = FastAPI(title="cactus-gguf", docs_url="/docs", redoc_url=None,
+                  openapi_url="/openapi.json")
     app.state.metrics, app.state.worker, app.state.config = metrics, worker, config
     redact = app.state.redact = Redactor(config, worker)
     app.state.shutdown = lambda: worker.shutdown(config.shutdown_grace)
@@ -453,14 +458,9 @@ class _Shape:
         """The speculative block: what speculation did for this request."""
         s, r = result.stats, self.request
         speculates = r.speculates
-        method = r.method if speculates else "none"  # k = 0 reports method none: the verifier alone
-        return {"method": method, "delta": r.delta if method == "cactus" else None,
-                "solver": r.solver if method == "cactus" else None,
-                "budget": r.budget if method == "cactus" else None,
-                "k": r.k if speculates else None,
-                "k_max": r.k_max if speculates and r.k == "auto" else None,
-                "drafter": r.drafter if speculates else None,
-                "draft_temp": r.draft_temperature,
+        # the whole rule that ran, each setting where it applies, null elsewhere (options/rule.py;
+        # k = 0 reports method none: the verifier alone), then what it did
+        return {**rule_of(r),
                 # AL: accepted drafts per step, the residual / bonus token not counted (vLLM's
                 # mean acceptance length is AL + 1; stats.py's glossary)
                 "acceptance_length": s.mean_accepted_length, "acceptance_rate": s.acceptance_rate,

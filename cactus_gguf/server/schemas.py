@@ -2,9 +2,10 @@
 
 Field names are OpenAI's (``max_tokens``, ``max_completion_tokens``, ``stop``, ``seed``,
 ``stream_options``...) plus llama.cpp's extensions (``top_k``, ``min_p``, ``cache_prompt``) and
-cactus-gguf's ``speculative`` object (``method``, ``delta``, ``solver``, ``budget``, ``k``
-(an integer or ``"auto"``), ``k_max``, ``drafter``, ``draft_vocab``, ``draft_temp``; or
-``false``: the verifier alone for this request). Structured output: OpenAI's ``response_format``
+cactus-gguf's ``speculative`` object (every speculation setting of the options table: ``method``,
+``delta``, ``k`` (an integer or ``"auto"``), ``top_gap``, ``protect_ends``, ``ears_alpha``,
+``draft_min``, ...; generated in speculative.py; or ``false``: the verifier alone for this
+request). Structured output: OpenAI's ``response_format``
 (``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"schema": {...}}}``) and
 llama-server's ``grammar`` (GBNF) and ``json_schema`` fields. Values are validated by the one options
 schema (the options table), so the server accepts exactly what ``cactus-gguf run`` accepts; an
@@ -31,6 +32,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InputError
+from .speculative import SPECULATIVE_FIELDS, Speculative
 
 MAX_STOP = 4  # OpenAI's limit on stop strings
 
@@ -39,21 +41,6 @@ _STRICT = ConfigDict(strict=True)
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "Speculative", "to_request",
            "openai_param"]
-
-
-class Speculative(BaseModel):
-    """Speculation for one request (any field left out keeps the server's default)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    method: str | None = None
-    delta: float | None = None
-    solver: str | None = None
-    budget: str | None = None
-    k: int | Literal["auto"] | None = None
-    k_max: int | None = None
-    drafter: str | None = None
-    draft_vocab: str | None = None
-    draft_temp: float | None = None
 
 
 class JsonSchemaFormat(BaseModel):
@@ -197,12 +184,8 @@ def unsupported(body: _Common) -> tuple[str, str] | None:
 
 
 # Request option name -> the OpenAI field a client wrote it as.
-_OPENAI_NAMES = {"n_predict": "max_tokens", "method": "speculative.method",
-                 "delta": "speculative.delta", "solver": "speculative.solver",
-                 "budget": "speculative.budget", "k_max": "speculative.k_max",
-                 "k": "speculative.k", "drafter": "speculative.drafter",
-                 "draft_vocab": "speculative.draft_vocab",
-                 "draft_temp": "speculative.draft_temp"}
+_OPENAI_NAMES = {"n_predict": "max_tokens",
+                 **{name: f"speculative.{name}" for name in SPECULATIVE_FIELDS}}
 
 
 def openai_param(option: str | None, body: _Common | None = None) -> str | None:
