@@ -229,7 +229,8 @@ class GenerationResult:
     end-of-generation token is not among them; the token that completed a stop string is).
     stop_reason: "eos", "length" (n_predict reached, or the context full: see ``message``) or
     "stop" ("interrupted" for a partial result). seed: the seed used (drawn when the request gave
-    none).
+    none). logprobs: one speculative.logprobs.TokenLogprob per token of ``tokens`` when the request
+    asked (``n_probs``), else None.
     """
 
     text: str
@@ -242,3 +243,4 @@ class GenerationResult:
     # where each model's layers went ("verifier", "draft": llama/placement.py LayerPlacement);
     # filled by the run planner (plan.execute_run), None elsewhere
     placement: dict | None = None
+    logprobs: list | None = None

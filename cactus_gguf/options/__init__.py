@@ -359,6 +359,16 @@ OPTIONS: tuple[Option, ...] = (
            ("--json-object",)),
     Option("cache_prompt", bool, True, "reuse the longest common prefix of the KV caches from the "
            "previous request (llama-server's `cache_prompt`)", (), commands=frozenset()),
+    Option("n_probs", int, None, "log-probabilities of each emitted token and of its N most likely "
+           "alternatives (llama-server's `n_probs`; 0 = the token's own only; none = not "
+           "computed, no cost); read from the verifier's row of each emitted token, accepted "
+           "drafts included (docs/maths.md \"Log-probabilities of what was emitted\")", (),
+           range=Range(lo=0, hi=256), optional=True, shown_default="none",
+           commands=frozenset()),
+    Option("post_sampling_probs", bool, True, "`n_probs` are of the verifier's law q, after the "
+           "request's warps and grammar (what it samples from; a token outside them has none) "
+           "or, false, of its raw log-softmax (no warp, no grammar: llama-server's default)", (),
+           commands=frozenset()),
     # -- load: the engine's models and contexts --------------------------------------------------
     Option("n_ctx", int, 4096, "context size (KV cache, tokens) of both models; llama.cpp rounds it "
            "up to a multiple of 256; 0 = the model's own", ("-c", "--ctx-size"), scope="load",

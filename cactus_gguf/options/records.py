@@ -131,6 +131,8 @@ class Request(_OptionRecord):
     json_schema: str | None = opt("json_schema")  # also given as a dict; kept as JSON text
     json_object: bool = opt("json_object")
     cache_prompt: bool = opt("cache_prompt")
+    n_probs: int | None = opt("n_probs")  # None: no log-probabilities
+    post_sampling_probs: bool = opt("post_sampling_probs")
 
     __doc__ += _fields_doc("request")
 

@@ -47,6 +47,7 @@ from .mtp import MtpDrafter, MtpHead
 from ..registry.cache import cache_dir
 from .costs import SlowStepWatch, forward_costs
 from .loading import load_pair
+from .logprobs import LogprobReader
 from .policy import CostAwareDraftLength, FixedDraftLength, ForwardCosts
 from .session import Chunk, Session
 from .step import run_step
@@ -371,6 +372,9 @@ class Engine:
         session = Session(tokens, req, seed, sampler, drafter, self._policy(req, drafter),
                           n_ctx=ver.n_ctx, constraint=self._constraint(req), should_stop=cancel)
         session.stats.draft_vocab = drafter.vocab_method if drafter is not None else None
+        if req.n_probs is not None:  # log-probabilities of the emitted tokens (logprobs.py)
+            session.logprobs = LogprobReader(sampler, req.n_probs, req.post_sampling_probs,
+                                             ver.model.token_to_piece)
         return session
 
     def _model_drafter(self, req: Request, seed: int):

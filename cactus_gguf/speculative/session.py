@@ -31,10 +31,14 @@ SOURCES = ("draft", "residual", "bonus", "verifier")
 class Chunk:
     """Text one step released: ``text`` (whole UTF-8 characters, never part of a stop string) and
     ``segments``, the same text as (text, source) runs, each character attributed to the token that
-    completed it, source one of ``SOURCES``."""
+    completed it, source one of ``SOURCES``. ``tokens``: the ids emitted since the previous chunk
+    (a token whose text was held back comes with the chunk that releases it); ``logprobs``: theirs
+    (logprobs.TokenLogprob, one per token) when the request asked (``n_probs``), else ()."""
 
     text: str
     segments: tuple[tuple[str, str], ...]
+    tokens: tuple[int, ...] = ()
+    logprobs: tuple = ()
 
 
 class Session:
@@ -69,6 +73,9 @@ class Session:
         self.t_prefill = 0.0  # when prompt processing began
         self.t_start = 0.0    # when decoding began (after it)
         self.q_buffer = None  # float32 [V]: a foreign draft's coverage measurement (step.py)
+        self.logprobs = None  # a LogprobReader when the request asks for n_probs (logprobs.py)
+        self.token_logprobs: list = []  # one TokenLogprob per emitted token (when asked)
+        self._chunked = 0  # emitted tokens handed out in chunks
 
     @property
     def remaining(self) -> int:
@@ -122,7 +129,11 @@ class Session:
     def chunk(self, pieces: Sequence[str]) -> Chunk | None:
         """The released ``pieces`` as one Chunk with their sources (None when empty)."""
         text = "".join(pieces)
-        return Chunk(text, tuple(self.text.take_segments())) if text else None
+        if not text:
+            return None
+        done, self._chunked = self._chunked, len(self.out_tokens)
+        return Chunk(text, tuple(self.text.take_segments()), tuple(self.out_tokens[done:]),
+                     tuple(self.token_logprobs[done:]))
 
     def finish(self) -> list[str]:
         """Close the generation: release the held text and build ``result``."""
@@ -141,5 +152,7 @@ class Session:
             self.message = f"n_predict={n_predict} reached" if self.limit_reached else ""
         self.result = GenerationResult(text=self.text.text, tokens=self.out_tokens,
                                        stop_reason=self.stop_reason, stats=self.stats,
-                                       seed=self.seed, message=self.message, n_ctx=self.n_ctx)
+                                       seed=self.seed, message=self.message, n_ctx=self.n_ctx,
+                                       logprobs=self.token_logprobs if self.logprobs is not None
+                                       else None)
         return [tail] if tail else []

@@ -9,7 +9,8 @@ For committed tokens t_0 .. t_{L-1} (t_{L-1} pending in both contexts; glossary 
            (float32 [k+1, V], read in place);
   accept:  the native helper returns AL and the residual / bonus token (a request that does not
            speculate samples the verifier's row 0 instead);
-  commit:  append d_1 .. d_AL and that token; fold the StepOutcome into the policy and the
+  commit:  append d_1 .. d_AL and that token (with their log-probabilities, from the rows
+           above, when the request asks: logprobs.py); fold the StepOutcome into the policy and the
            statistics; roll both KV caches back to (a prefix of) the committed tokens: the
            next step decodes whatever a context lacks (Context.forget).
 """
@@ -71,6 +72,8 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
     last = "verifier" if not len(draft) else "bonus" if n_acc == len(draft) else "residual"
     pieces = session.emit(draft.tokens[:n_acc].tolist() + [verdict.next_token],
                           ["draft"] * n_acc + [last], model.is_eog, model.token_to_piece)
+    if session.logprobs is not None:  # asked for: read before the next decode overwrites the rows
+        _read_logprobs(session, logits, len(committed) - n_before)
     # the accepted drafts the generation used: up to its end (an ending end-of-generation
     # token included, drafts after a completed stop string not)
     used = len(committed) - n_before + (1 if session.stop_reason == "eos" else 0)
@@ -118,6 +121,16 @@ def _accept(session: Session, draft: Draft, logits: np.ndarray) -> StepResult:
     return session.sampler.verify(
         draft.probs, draft.tokens, logits,
         allowed=grammar.rows(len(draft)) if grammar is not None else None)
+
+
+def _read_logprobs(session: Session, logits: np.ndarray, n_emitted: int) -> None:
+    """The log-probabilities of the step's ``n_emitted`` tokens (logprobs.py): the i-th emitted
+    token (accepted drafts, then the residual / bonus / verifier token) at row i of ``logits``
+    (float32 [len(draft) + 1, V]), under the grammar mask that row had in the acceptance test."""
+    grammar = session.constraint
+    for i, token in enumerate(session.out_tokens[len(session.out_tokens) - n_emitted:]):
+        session.token_logprobs.append(session.logprobs.read(
+            logits[i], token, grammar.allowed(i) if grammar is not None else None))
 
 
 def _coverage(session: Session, row: np.ndarray, shared_v: np.ndarray) -> float:
