@@ -161,7 +161,7 @@ BAD = [  # (endpoint, body, status, param)
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{}]}, 400,
      "tools"),
-    ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400,
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": 3}, 400,
      "logprobs"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
                           "response_format": {"type": "xml"}}, 400, "response_format.type"),

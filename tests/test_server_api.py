@@ -102,3 +102,86 @@ def test_the_openapi_schema_has_the_generated_speculative_object(server):
     assert speculative["additionalProperties"] is False
     assert "only with method cactus" in speculative["properties"]["top_gap"]["description"]
     assert httpx.get(server.url + "/docs", timeout=30).status_code == 200
+
+
+# ---- item 4: logprobs on the OpenAI endpoints -----------------------------------------------------
+
+def joined(entries) -> str:
+    return b"".join(bytes(e["bytes"]) for e in entries).decode("utf-8", errors="replace")
+
+
+def test_chat_logprobs_cover_every_token_accepted_drafts_included(server):
+    c = client(server)
+    kw = dict(model="x", messages=[{"role": "user", "content": "hello"}], max_tokens=16, seed=7,
+              logprobs=True, top_logprobs=3)
+    r = c.chat.completions.create(**kw)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == 16
+    assert r.model_extra["speculative"]["acceptance_length"] > 0  # some were accepted drafts
+    assert joined([e.model_dump() for e in content]) == r.choices[0].message.content
+    for e in content:
+        assert e.logprob <= 0 and 1 <= len(e.top_logprobs) <= 3
+        assert e.top_logprobs[0].logprob >= e.logprob - 1e-6  # most likely first
+        assert [t.logprob for t in e.top_logprobs] == sorted(
+            (t.logprob for t in e.top_logprobs), reverse=True)
+    # streamed, the chunks carry the same values in order
+    chunks = list(c.chat.completions.create(**kw, stream=True))
+    streamed = [e for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for e in ch.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    assert chunks[0].choices[0].logprobs is None  # the role chunk
+    # top_logprobs 0 and llama-server's n_probs
+    plain = chat(server, logprobs=True).json()["choices"][0]["logprobs"]["content"]
+    assert plain and all(e["top_logprobs"] == [] for e in plain)
+    n_probs = chat(server, n_probs=2).json()["choices"][0]["logprobs"]["content"]
+    assert all(len(e["top_logprobs"]) <= 2 for e in n_probs)
+    assert chat(server).json()["choices"][0]["logprobs"] is None  # not asked: none
+
+
+def test_logprobs_are_the_warped_law_unless_post_sampling_probs_is_false(server):
+    greedy = chat(server, logprobs=True, top_logprobs=5, temperature=0).json()
+    for e in greedy["choices"][0]["logprobs"]["content"]:  # q one-hot: log 1, no alternative
+        assert e["logprob"] == 0.0 and [t["token"] for t in e["top_logprobs"]] == [e["token"]]
+    raw = chat(server, logprobs=True, top_logprobs=5, temperature=0,
+               post_sampling_probs=False).json()
+    assert raw["choices"][0]["message"] == greedy["choices"][0]["message"]  # the same text
+    for e in raw["choices"][0]["logprobs"]["content"]:  # the raw log-softmax: every token has one
+        assert e["logprob"] < 0 and len(e["top_logprobs"]) == 5
+        assert e["top_logprobs"][0]["token"] == e["token"]  # greedy: the top raw logit
+
+
+def test_completion_logprobs_have_openais_legacy_shape(server):
+    c = client(server)
+    r = c.completions.create(model="x", prompt="the cat", max_tokens=10, seed=2, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 10
+    # a token may hold part of a UTF-8 character: its bytes join to the text
+    assert joined(lp.model_extra["content"]) == r.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(10)]
+    assert all(len(top) <= 2 and all(v <= 0 for v in top.values()) for top in lp.top_logprobs)
+    chunks = list(c.completions.create(model="x", prompt="the cat", max_tokens=10, seed=2,
+                                       logprobs=2, stream=True))
+    streamed = [t for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for t in ch.choices[0].logprobs.tokens]
+    offsets = [o for ch in chunks if ch.choices and ch.choices[0].logprobs
+               for o in ch.choices[0].logprobs.text_offset]
+    assert streamed == lp.tokens and offsets == lp.text_offset
+
+
+@pytest.mark.parametrize("endpoint,fields,param", [
+    ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+    ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("chat/completions", {"logprobs": "yes"}, "logprobs"),
+    ("chat/completions", {"n_probs": -1}, "n_probs"),
+    ("chat/completions", {"logprobs": True, "top_logprobs": 2, "n_probs": 3}, "n_probs"),
+    ("chat/completions", {"logprobs": True, "post_sampling_probs": 1}, "post_sampling_probs"),
+    ("completions", {"logprobs": True}, "logprobs"),
+    ("completions", {"logprobs": 21}, "logprobs"),
+    ("completions", {"n_probs": "2"}, "n_probs"),
+])
+def test_bad_logprobs_fields_are_a_400_naming_them(server, endpoint, fields, param):
+    body = {"messages": [{"role": "user", "content": "x"}]} if endpoint.startswith("chat") \
+        else {"prompt": "x"}
+    r = httpx.post(f"{server.url}/v1/{endpoint}", json={**body, **fields}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text

@@ -39,6 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import CactusError
 from ..options.rule import rule_of
+from .logprobs import openai_chat, openai_completion
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .schemas import (ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt,
                       openai_param, to_request)
@@ -418,7 +419,8 @@ async def _sse(job: Job, request: HttpRequest, shape: "_Shape", include_usage: b
             kind, payload = await job.events.get()
             if kind == "chunk":
                 yield {"data": json.dumps(shape.chunk(text=payload.text,
-                                                      segments=payload.segments))}
+                                                      segments=payload.segments,
+                                                      logprobs=payload.logprobs))}
             elif kind == "done":
                 if job.stopped_by == "shutdown":
                     status = "503"
@@ -448,6 +450,7 @@ class _Shape:
         self.chat, self.model, self.request = chat, model, request
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        self._sent = self._offset = 0  # tokens whose logprobs were sent; their characters
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat \
@@ -479,6 +482,18 @@ class _Shape:
                 "vocab_coverage": s.vocab_coverage if speculates else None,
                 "seed": result.seed}
 
+    def logprobs(self, entries) -> dict | None:
+        """A choice's ``logprobs`` for ``entries`` (speculative/logprobs.TokenLogprob: the
+        tokens it carries, in order), OpenAI's chat or legacy completions shape (server/logprobs.py);
+        None when the request asked for none."""
+        if self.request.n_probs is None or entries is None:
+            return None
+        out = openai_chat(entries) if self.chat else openai_completion(entries, self._offset)
+        self._sent += len(entries)
+        if not self.chat:  # text_offset: characters of the completion before each token
+            self._offset += sum(len(token) for token in out["tokens"])
+        return out
+
     @staticmethod
     def usage(result) -> dict:
         s = result.stats
@@ -489,20 +504,25 @@ class _Shape:
     def response(self, text: str, result, stopped_by: str) -> dict:
         finish = FINISH.get(stopped_by or result.stop_reason, "stop")
         choice = ({"index": 0, "message": {"role": "assistant", "content": text},
-                   "finish_reason": finish, "logprobs": None} if self.chat else
-                  {"index": 0, "text": text, "finish_reason": finish, "logprobs": None})
+                   "finish_reason": finish, "logprobs": self.logprobs(result.logprobs)} if self.chat else
+                  {"index": 0, "text": text, "finish_reason": finish,
+                   "logprobs": self.logprobs(result.logprobs)})
         return {**self._head(False), "choices": [choice], "usage": self.usage(result),
                 "speculative": self.speculative(result)}
 
     def chunk(self, *, role: bool = False, text: str | None = None, segments=None, result=None,
-              stopped_by: str = "") -> dict:
+              stopped_by: str = "", logprobs=None) -> dict:
         finish = None if result is None else FINISH.get(stopped_by or result.stop_reason, "stop")
+        if result is not None and result.logprobs is not None:  # the tokens no chunk carried
+            logprobs = result.logprobs[self._sent:]
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else (
                 {"content": text} if text is not None else {})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish,
+                      "logprobs": None if role else self.logprobs(logprobs)}
         else:
-            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "text": text or "", "finish_reason": finish,
+                      "logprobs": None if role else self.logprobs(logprobs)}
         out = {**self._head(True), "choices": [choice]}
         if segments is not None:  # which characters came from accepted drafts, which from q
             out["speculative"] = {"segments": [[t, src] for t, src in segments]}

@@ -11,12 +11,14 @@ llama-server's ``grammar`` (GBNF) and ``json_schema`` fields. Values are validat
 schema (the options table), so the server accepts exactly what ``cactus-gguf run`` accepts; an
 error names
 the field as the client wrote it. Fields that would change what a response means and that this
-server does not implement (tools, logprobs, penalties, several choices) are refused with a 400,
+server does not implement (tools, penalties, several choices) are refused with a 400,
 never silently ignored.
 
 llama-server's own answer-changing fields: ``n_predict`` is its name of ``max_tokens`` (-1 = no
-limit); ``repeat_penalty``, ``typical_p``, ``mirostat``, ``dry_multiplier``, ``xtc_probability``,
-``top_n_sigma``, ``dynatemp_range``, ``ignore_eos``, ``n_probs`` and ``samplers`` are not
+limit); ``n_probs`` and ``post_sampling_probs`` ask for log-probabilities, as OpenAI's
+``logprobs`` / ``top_logprobs`` do (logprobs.py); ``repeat_penalty``, ``typical_p``,
+``mirostat``, ``dry_multiplier``, ``xtc_probability``, ``top_n_sigma``, ``dynatemp_range``,
+``ignore_eos`` and ``samplers`` are not
 implemented and are refused unless they hold the value that changes nothing (repeat_penalty 1,
 mirostat 0, ignore_eos false, ...), which llama-server also treats as off.
 
@@ -32,6 +34,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InputError
+from .logprobs import request_fields as logprob_fields
 from .speculative import SPECULATIVE_FIELDS, Speculative
 
 MAX_STOP = 4  # OpenAI's limit on stop strings
@@ -144,7 +147,6 @@ _NEUTRAL = (
     ("top_n_sigma", "-1", _number(lambda v: v <= 0)),
     ("dynatemp_range", "0", _number(lambda v: v <= 0)),
     ("ignore_eos", "false", lambda v: v is False),
-    ("n_probs", "0", _number(lambda v: v == 0)),
 )
 
 
@@ -166,8 +168,6 @@ def unsupported(body: _Common) -> tuple[str, str] | None:
                             "so the acceptance test compares like with like: leave it out")
     if body.n != 1:
         return "n", f"only n=1 is supported (one choice per request), got {body.n}"
-    if body.logprobs or getattr(body, "top_logprobs", None):
-        return "logprobs", "logprobs are not supported by this server"
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(body, name):
             return name, f"{name} is not supported by this server (only 0)"
@@ -267,6 +267,10 @@ def overrides(body: _Common) -> dict[str, Any]:
     elif speculative is True or speculative is None:
         pass
     out.update(constraint_fields(body))
+    # log-probabilities: OpenAI's logprobs / top_logprobs, llama-server's n_probs (whose
+    # /completion reads the raw log-softmax unless post_sampling_probs: POST_SAMPLING_PROBS)
+    out.update(logprob_fields(body, chat=isinstance(body, ChatCompletionRequest),
+                              post_sampling=getattr(body, "POST_SAMPLING_PROBS", True)))
     return out
 
 
