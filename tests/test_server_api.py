@@ -185,3 +185,193 @@ def test_bad_logprobs_fields_are_a_400_naming_them(server, endpoint, fields, par
     r = httpx.post(f"{server.url}/v1/{endpoint}", json={**body, **fields}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
+
+
+# ---- item 3: llama-server's native endpoints ------------------------------------------------------
+
+def post(server, path: str, body) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=120)
+
+
+def llama_error(r: httpx.Response, status: int, field: str | None = None) -> dict:
+    """The llama-server error of ``r``: {"code": status, "message", "type"} (+ param)."""
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == status and err["message"] and err["type"], err
+    assert "Traceback" not in err["message"]
+    if field is not None:
+        assert err["param"] == field and field in err["message"], err
+    return err
+
+
+def sse_data(r: httpx.Response) -> list[str]:
+    return [ln[5:].strip() for ln in r.text.splitlines() if ln.startswith("data:")]
+
+
+def test_completion_answers_as_llama_server(server):
+    r = post(server, "/completion", {"prompt": "the cat", "n_predict": 8, "seed": 1,
+                                     "return_tokens": True})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert {"index", "content", "tokens", "id_slot", "stop", "model", "tokens_predicted",
+            "tokens_evaluated", "generation_settings", "prompt", "has_new_line", "truncated",
+            "stop_type", "stopping_word", "tokens_cached", "timings", "speculative"} <= set(out)
+    assert out["stop"] is True and out["stop_type"] == "limit" and out["model"] == "ver"
+    assert out["tokens_predicted"] == len(out["tokens"]) == 8
+    assert out["tokens_evaluated"] == len(post(server, "/tokenize", {
+        "content": "the cat", "add_special": True}).json()["tokens"])
+    assert out["prompt"].endswith("the cat") and out["generation_settings"]["n_predict"] == 8
+    assert out["timings"]["predicted_n"] == 8 and "draft_n" in out["timings"]
+    assert out["speculative"]["method"] == "cactus" and "completion_probabilities" not in out
+    assert post(server, "/completion", {"prompt": "the cat", "n_predict": 4}).json()[
+        "tokens"] == []  # ids only with return_tokens
+    # the same generation as /v1/completions, from text, token ids, ids mixed with text
+    greedy = {"n_predict": 10, "temperature": 0}
+    want = post(server, "/v1/completions", {"prompt": "the cat", "max_tokens": 10,
+                                            "temperature": 0}).json()["choices"][0]["text"]
+    ids = post(server, "/tokenize", {"content": "the cat", "add_special": True}).json()["tokens"]
+    for prompt in ("the cat", ids, ["the cat"], {"prompt_string": "the cat"}):
+        got = post(server, "/completion", {"prompt": prompt, **greedy})
+        assert got.status_code == 200 and got.json()["content"] == want, (prompt, got.text)
+    assert post(server, "/completions", {"prompt": "the cat", **greedy}).json()["content"] == want
+    # ids mixed with text: BOS before leading text only, as llama-server's tokenize_mixed
+    head = post(server, "/tokenize", {"content": "the", "add_special": True}).json()["tokens"]
+    tail = post(server, "/tokenize", {"content": " cat"}).json()["tokens"]
+    mixed = post(server, "/completion", {"prompt": ["the", *tail], **greedy}).json()
+    assert mixed["content"] == post(server, "/completion", {"prompt": head + tail,
+                                                            **greedy}).json()["content"]
+    assert mixed["tokens_evaluated"] == len(head + tail)
+
+
+def test_completion_streams_llama_servers_events(server):
+    body = {"prompt": "the cat", "n_predict": 12, "temperature": 0, "n_probs": 2}
+    whole = post(server, "/completion", body).json()
+    r = post(server, "/completion", {**body, "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse_data(r)
+    assert "[DONE]" not in events  # llama-server's /completion ends without it
+    parts = [__import__("json").loads(e) for e in events]
+    *partial, final = parts
+    assert all(p["stop"] is False for p in partial) and final["stop"] is True
+    assert "".join(p["content"] for p in partial) == whole["content"] and final["content"] == ""
+    assert sum(len(p["tokens"]) for p in partial) == final["tokens_predicted"] == 12
+    probs = [c for p in partial for c in p.get("completion_probabilities", [])]
+    assert probs == whole["completion_probabilities"] and len(probs) == 12
+    assert "completion_probabilities" not in final
+    assert [c["id"] for c in probs] == [t for p in partial for t in p["tokens"]]
+
+
+def test_completion_probabilities_are_llama_servers(server):
+    raw = post(server, "/completion", {"prompt": "the cat", "n_predict": 6, "temperature": 0,
+                                       "n_probs": 3}).json()["completion_probabilities"]
+    assert len(raw) == 6 and set(raw[0]) == {"id", "token", "bytes", "logprob", "top_logprobs"}
+    for c in raw:  # the raw log-softmax (llama-server's default): every token has a value
+        assert c["logprob"] < 0 and len(c["top_logprobs"]) == 3
+        assert c["top_logprobs"][0]["id"] == c["id"]  # greedy: the top logit
+    post_sampling = post(server, "/completion", {
+        "prompt": "the cat", "n_predict": 6, "temperature": 0, "n_probs": 3,
+        "post_sampling_probs": True}).json()["completion_probabilities"]
+    for c in post_sampling:  # q at temperature 0: one token, probability 1
+        assert set(c) == {"id", "token", "bytes", "prob", "top_probs"}
+        assert c["prob"] == 1.0 and [t["id"] for t in c["top_probs"]] == [c["id"]]
+
+
+def test_completion_stop_words_and_response_fields(server):
+    full = post(server, "/completion", {"prompt": "the cat", "n_predict": 24,
+                                        "temperature": 0}).json()["content"]
+    word = full[5:7]
+    out = post(server, "/completion", {"prompt": "the cat", "n_predict": 24, "temperature": 0,
+                                       "stop": [word]}).json()
+    assert out["stop_type"] == "word" and out["stopping_word"] == word
+    assert out["content"] == full[:full.index(word)]
+    picked = post(server, "/completion", {"prompt": "the cat", "n_predict": 3,
+                                          "response_fields": ["content", "timings/predicted_n",
+                                                              "nothing"]}).json()
+    assert set(picked) == {"content", "predicted_n"} and picked["predicted_n"] == 3
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"n_predict": "3"}, "n_predict"), ({"n_predict": 0}, "n_predict"),
+    ({"repeat_penalty": 1.1}, "repeat_penalty"), ({"n_indent": 4}, "n_indent"),
+    ({"t_max_predict_ms": 500}, "t_max_predict_ms"), ({"id_slot": 3}, "id_slot"),
+    ({"n_probs": -2}, "n_probs"), ({"speculative": {"top_gap": -1}}, "speculative.top_gap"),
+    ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [999999]}, "prompt"),
+    ({"lora": [{"id": 0, "scale": 1}]}, "lora"), ({"samplers": ["top_k"]}, "samplers"),
+])
+def test_completion_errors_are_llama_servers_naming_the_field(server, fields, param):
+    llama_error(post(server, "/completion", {"prompt": "the cat", **fields}), 400, param)
+
+
+def test_completion_neutral_and_ignored_fields_are_accepted(server):
+    r = post(server, "/completion", {"prompt": "the cat", "n_predict": 2, "n_keep": 4,
+                                     "id_slot": -1, "n_indent": 0, "t_max_predict_ms": -1,
+                                     "repeat_penalty": 1.0, "cache_prompt": True, "verbose": True,
+                                     "timings_per_token": False, "n_cache_reuse": 0})
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 2, r.text
+
+
+def test_native_errors_without_a_field(server):
+    err = llama_error(post(server, "/completion", {"prompt": "x " * 2000}), 400)
+    assert err["type"] == "exceed_context_size_error"
+    r = httpx.post(server.url + "/completion", content=b"{bad",
+                   headers={"content-type": "application/json"})
+    assert "not valid JSON" in llama_error(r, 400)["message"]
+    llama_error(post(server, "/completion", {}), 400, "prompt")
+    llama_error(httpx.post(server.url + "/props", timeout=30), 501)
+
+
+def test_tokenize_and_detokenize(server):
+    ids = post(server, "/tokenize", {"content": "the cat"}).json()["tokens"]
+    with_bos = post(server, "/tokenize", {"content": "the cat", "add_special": True}).json()
+    assert with_bos["tokens"][1:] == ids and len(with_bos["tokens"]) == len(ids) + 1
+    pieces = post(server, "/tokenize", {"content": "the cat", "with_pieces": True}).json()
+    assert [p["id"] for p in pieces["tokens"]] == ids
+    text = post(server, "/detokenize", {"tokens": ids}).json()["content"]
+    # each token's piece, as llama-server's tokens_to_str (a SentencePiece word keeps its space)
+    assert "".join(p["piece"] for p in pieces["tokens"]) == text and text.strip() == "the cat"
+    assert post(server, "/tokenize", {"content": ["the", 42]}).json()["tokens"][-1] == 42
+    assert post(server, "/tokenize", {}).json() == {"tokens": []}  # no content: no tokens
+    assert post(server, "/detokenize", {}).json() == {"content": ""}
+    llama_error(post(server, "/detokenize", {"tokens": [1, 10**6]}), 400, "tokens")
+    llama_error(post(server, "/detokenize", {"tokens": ["a"]}), 400, "tokens.0")
+    llama_error(post(server, "/tokenize", {"content": "x", "add_special": "yes"}), 400,
+                "add_special")
+
+
+def test_apply_template_renders_the_ggufs_template(server):
+    r = post(server, "/apply-template", {"messages": [{"role": "system", "content": "Be brief."},
+                                                      {"role": "user", "content": "hi"}]})
+    assert r.json() == {"prompt": "system: Be brief.\nuser: hi\nassistant:"}, r.text
+    llama_error(post(server, "/apply-template", {"messages": []}), 400, "messages")
+
+
+def test_props_describe_the_server_without_its_paths(server, files):
+    p = httpx.get(server.url + "/props", timeout=30).json()
+    assert p["default_generation_settings"]["n_ctx"] == 1024
+    assert p["default_generation_settings"]["params"]["n_predict"] == 16
+    assert p["total_slots"] == 1 and p["model_alias"] == "ver"
+    assert p["model_path"] == "ver.gguf" and str(files["ver"].parent) not in str(p)
+    assert p["chat_template"] == CHAT_TEMPLATE and p["modalities"]["vision"] is False
+    assert p["speculative"]["method"] == "cactus" and p["speculative"]["k"] == 4
+    assert "cactus-gguf" in p["build_info"]
+
+
+def test_native_endpoints_need_the_key_and_answer_llama_style(files):
+    with LiveServer(files["ver"], "-t", "1", "--method", "none", "--api-key", "k3y") as s:
+        for path in ("/completion", "/tokenize", "/detokenize", "/apply-template"):
+            llama_error(httpx.post(s.url + path, json={}, timeout=30), 401)
+        llama_error(httpx.get(s.url + "/props", timeout=30), 401)
+        ok = httpx.post(s.url + "/tokenize", json={"content": "a"},
+                        headers={"Authorization": "Bearer k3y"}, timeout=30)
+        assert ok.status_code == 200 and ok.json()["tokens"]
+    assert s.returncode == 0
+
+
+def test_llama_servers_fields_are_refused_on_the_openai_endpoints_too(server):
+    for field, value in [("n_indent", 2), ("min_keep", 3), ("lora", [{"id": 0, "scale": 1}]),
+                         ("t_max_predict_ms", 100), ("timings_per_token", True)]:
+        r = post(server, "/v1/completions", {"prompt": "the cat", field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
+    r = post(server, "/v1/completions", {"prompt": "the cat", "max_tokens": 2, "n_indent": 0,
+                                         "min_keep": 0, "lora": [], "t_max_predict_ms": -1})
+    assert r.status_code == 200, r.text

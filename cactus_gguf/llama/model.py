@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -140,7 +141,9 @@ class Model:
         self.vocab = self._model.vocab
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(self.ptr)
-        self._piece_buf = ctypes.create_string_buffer(256)
+        # one piece buffer per thread: the server detokenizes (/detokenize, /tokenize's pieces)
+        # on its HTTP side while the engine's thread decodes
+        self._piece_bufs = threading.local()
 
     def _abandon(self) -> None:
         """After a lost RPC server: never free (llama.cpp would wait for the dead server)."""
@@ -266,7 +269,9 @@ class Model:
 
     def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
         """The bytes ``token`` contributes to the text (may be part of a UTF-8 character)."""
-        buf = self._piece_buf
+        buf = getattr(self._piece_bufs, "buf", None)
+        if buf is None:
+            buf = self._piece_bufs.buf = ctypes.create_string_buffer(256)
         n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:  # piece longer than the buffer: -n bytes are needed
             buf = ctypes.create_string_buffer(-n)

@@ -3,7 +3,8 @@
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming and not),
 ``GET /v1/models``, ``GET /health`` (503 while the models load), ``GET /metrics`` (Prometheus),
 ``GET /`` (the chat page, static files of the package), ``GET /docs`` and ``/openapi.json`` (the
-request schemas).
+request schemas); llama-server's ``POST /completion``, ``/tokenize``, ``/detokenize``,
+``/apply-template`` and ``GET /props`` (native_api.py, with llama-server's shapes and errors).
 
 Every error is OpenAI's JSON, ``{"error": {"message", "type", "param", "code"}}``: 400 for invalid
 JSON or values (naming the field) and for a prompt longer than the context, 401 for a missing or
@@ -41,6 +42,7 @@ from ..errors import CactusError
 from ..options.rule import rule_of
 from .logprobs import openai_chat, openai_completion
 from .metrics import CONTENT_TYPE_LATEST, Metrics
+from .native_api import NATIVE_PATHS, llama_error, router as native_router
 from .schemas import (ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt,
                       openai_param, to_request)
 from .worker import Job, QueueFullError, ShuttingDownError, Worker
@@ -164,6 +166,7 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
     app.state.shutdown = lambda: worker.shutdown(config.shutdown_grace)
     _install_middleware(app, config, metrics)
     _install_error_handlers(app)
+    app.include_router(native_router)  # llama-server's /completion, /tokenize, ...: native_api.py
     static = resources.files("cactus_gguf.server") / "static"
     app.mount("/static", StaticFiles(directory=str(static)), name="static")
 
@@ -235,16 +238,19 @@ class _Guard:
         request = HttpRequest(scope)
         path = request.url.path
         protected = path.startswith("/v1/") or path == "/metrics"
+        native = path in NATIVE_PATHS  # llama-server's endpoints: its key check and errors
+        protected = protected or native
+        answer = llama_error if native else error
         if protected and config.api_key and request.method != "OPTIONS":
             if not _key_matches(request, config.api_key):
                 metrics.requests.labels(path, "401").inc()
-                return await error(401, "invalid or missing API key: send Authorization: Bearer "
+                return await answer(401, "invalid or missing API key: send Authorization: Bearer "
                                         "KEY (or x-api-key: KEY)",
                                    code="invalid_api_key")(scope, receive, send)
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > config.max_body:
             metrics.requests.labels(path, "413").inc()
-            return await error(413, f"the request body is {int(size)} bytes, more than the limit "
+            return await answer(413, f"the request body is {int(size)} bytes, more than the limit "
                                     f"of {config.max_body}",
                                code="request_too_large")(scope, receive, send)
         status = []

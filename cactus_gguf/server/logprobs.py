@@ -80,7 +80,9 @@ def request_fields(body, *, chat: bool, post_sampling: bool = True) -> dict[str,
                          f"or logprobs, not both ({n_probs} and {n})", param="n_probs")
     if n_probs is not None and (n_probs > 0 or n is not None):  # n_probs 0 alone: off, as there
         n = n_probs
-    post = (body.model_extra or {}).get("post_sampling_probs")
+    post = getattr(body, "post_sampling_probs", None)  # a declared field (/completion's)
+    if post is None:
+        post = (body.model_extra or {}).get("post_sampling_probs")
     if post is not None and not isinstance(post, bool):
         raise InputError(f"post_sampling_probs must be true or false, got {json.dumps(post)[:40]}",
                          param="post_sampling_probs")

@@ -18,9 +18,10 @@ llama-server's own answer-changing fields: ``n_predict`` is its name of ``max_to
 limit); ``n_probs`` and ``post_sampling_probs`` ask for log-probabilities, as OpenAI's
 ``logprobs`` / ``top_logprobs`` do (logprobs.py); ``repeat_penalty``, ``typical_p``,
 ``mirostat``, ``dry_multiplier``, ``xtc_probability``, ``top_n_sigma``, ``dynatemp_range``,
-``ignore_eos`` and ``samplers`` are not
-implemented and are refused unless they hold the value that changes nothing (repeat_penalty 1,
-mirostat 0, ignore_eos false, ...), which llama-server also treats as off.
+``ignore_eos``, ``min_keep``, ``n_cmpl``, ``n_indent`` and ``t_max_predict_ms`` (honoured by
+/infill), ``grammar_lazy``, ``timings_per_token``, ``return_progress``, ``lora`` and ``samplers``
+are not implemented and are refused unless they hold the value that changes nothing
+(repeat_penalty 1, mirostat 0, ignore_eos false, ...), which llama-server also treats as off.
 
 Validation follows OpenAI's: types are strict (``"stream": "yes"``, ``"max_tokens": "3"`` or
 ``3.5`` are a 400, not coerced; an integer is a valid float), at most 4 stop strings, none empty,
@@ -147,6 +148,14 @@ _NEUTRAL = (
     ("top_n_sigma", "-1", _number(lambda v: v <= 0)),
     ("dynatemp_range", "0", _number(lambda v: v <= 0)),
     ("ignore_eos", "false", lambda v: v is False),
+    ("min_keep", "0", _number(lambda v: v == 0)),
+    ("n_cmpl", "1", _number(lambda v: v == 1)),
+    ("n_indent", "0", _number(lambda v: v == 0)),  # honoured by /infill (fim.py), a field there
+    ("t_max_predict_ms", "0 or -1", _number(lambda v: v <= 0)),  # as n_indent
+    ("grammar_lazy", "false", lambda v: v is False),
+    ("timings_per_token", "false", lambda v: v is False),
+    ("return_progress", "false", lambda v: v is False),
+    ("lora", "[]", lambda v: v == []),
 )
 
 

@@ -1,0 +1,537 @@
+"""llama-server's native endpoints over the same engine, with llama-server's field names, answer
+shapes and errors (tools/server of the vendored llama.cpp: server-context.cpp, server-task.cpp).
+
+``POST /completion`` (and ``/completions``): ``prompt`` as text, token ids, ids mixed with text
+(``[12, "text", 34]``; BOS only before leading text) or ``{"prompt_string": ...}``; ``n_predict``
+(-1 = no limit), ``stream``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``, ``stop``,
+``cache_prompt``, ``grammar``, ``json_schema``, ``n_probs``, ``post_sampling_probs``,
+``return_tokens``, ``response_fields`` and this server's ``speculative`` object. The answer is
+llama-server's object (``content``, ``tokens``, ``stop``, ``tokens_predicted``,
+``tokens_evaluated``, ``generation_settings``, ``prompt``, ``stop_type``, ``stopping_word``,
+``tokens_cached``, ``timings``, ``completion_probabilities``) plus the ``speculative`` block;
+streamed, ``data:`` events of partial objects (each with its ``tokens``, and its tokens'
+``completion_probabilities``), then the final one, and no ``[DONE]``, as llama-server.
+``n_probs`` here reads the raw log-softmax (``logprob``, llama-server's default);
+``post_sampling_probs`` true gives ``prob`` of q, the verifier's law after the request's warps
+and grammar (server/logprobs.py).
+
+``POST /tokenize`` (``content``, ``add_special`` false, ``parse_special`` true, ``with_pieces``),
+``POST /detokenize`` (``tokens``), ``POST /apply-template`` (a chat body: ``{"prompt"}`` rendered with
+the GGUF's template), ``GET /props`` (``default_generation_settings``, ``total_slots`` 1,
+``model_alias``, ``model_path`` = the verifier's file name, never a path of this machine,
+``chat_template``, ``bos_token``, ``eos_token``, ``modalities``, ``build_info``, plus this
+server's default ``speculative`` settings); ``POST /props`` is llama-server's 501 without
+``--props``.
+
+Fields of ``/completion`` that change the answer and are not implemented here are a 400 naming
+them unless they hold the value that changes nothing (schemas.py's list, shared with the OpenAI
+endpoints: ``repeat_penalty`` 1, ``n_indent`` 0, ``t_max_predict_ms`` 0 or -1, ``min_keep`` 0,
+``lora`` [], ...; and ``echo`` false, no media); ``id_slot`` -1 or 0 (one slot);
+``n_keep``, ``n_discard``, ``n_cache_reuse``, ``sse_ping_interval``, ``verbose`` and
+``t_max_prompt_ms`` change nothing here (no context shift; llama-server ignores the last two on
+this endpoint) and are accepted. Errors are llama-server's JSON, ``{"error": {"code": 400,
+"message": ..., "type": "invalid_request_error"}}``, the message naming the field, with a
+``param`` as on the OpenAI endpoints.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any, Callable, ClassVar, Union
+
+from fastapi import APIRouter, Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict
+from sse_starlette.sse import EventSourceResponse
+
+from ..errors import CactusError, InputError
+from .logprobs import llama_probs
+from .schemas import ChatCompletionRequest, _Common, chat_messages, openai_param, to_request
+from .worker import Job, ShuttingDownError
+
+__all__ = ["router", "NATIVE_PATHS", "llama_error", "LlamaCompletionRequest"]
+
+NATIVE_PATHS = frozenset({"/completion", "/completions", "/tokenize", "/detokenize",
+                          "/apply-template", "/props"})
+
+# llama-server's error types by status (server-common.cpp: format_error_response)
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 413: "invalid_request_error", 500: "server_error",
+          501: "not_supported_error", 503: "unavailable_error"}
+
+
+def llama_error(status: int, message: str, *, param: str | None = None, type_: str | None = None,
+                code: str | None = None, headers=None) -> JSONResponse:
+    """llama-server's error answer: ``{"error": {"code": status, "message", "type"}}`` (plus the
+    field at fault as ``param``). ``code``: the OpenAI answer's code, unused (llama-server's code
+    is the status); taken so that either answer can be made with the same call."""
+    return JSONResponse({"error": {"code": status, "message": message,
+                                   "type": type_ or _TYPES.get(status, "server_error"),
+                                   "param": param}}, status_code=status, headers=headers)
+
+
+def llama_error_of(e: BaseException, redact: Callable[[str], str], body=None) -> JSONResponse:
+    """An engine or input error as llama-server answers it (a prompt over the context: its
+    ``exceed_context_size_error``); options named as the client wrote them."""
+    if not isinstance(e, CactusError):
+        return llama_error(500, redact(f"{type(e).__name__}: {e}"))
+    name = (lambda n: openai_param(n, body)) if body is not None else (lambda n: n)
+    type_ = "exceed_context_size_error" if e.code == "context_length_exceeded" else None
+    return llama_error(e.http_status, redact(e.render(name)), param=name(e.param) if e.param
+                       else None, type_=type_,
+                       headers={"Retry-After": "1"} if e.http_status == 503 else None)
+
+
+class LlamaRoute(APIRoute):
+    """A route whose errors are llama-server's JSON: an invalid body (naming the field), an input
+    or engine error, anything unexpected (500, one line)."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def route(request: HttpRequest) -> Response:
+            from .app import _field
+
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+                if first.get("type") == "json_invalid":
+                    return llama_error(400, f"the body is not valid JSON: {first.get('msg')}")
+                name = _field(first.get("loc", ()))
+                message = f"{name}: {first.get('msg')}"
+                if str(first.get("type", "")).endswith("_type") and "input" in first:
+                    message += f", got {json.dumps(first['input'], default=str)[:60]}"
+                return llama_error(400, message, param=name)
+            except Exception as e:  # noqa: BLE001 - every failure answers as llama-server does
+                return llama_error_of(e, request.app.state.redact)
+
+        return route
+
+
+router = APIRouter(route_class=LlamaRoute)
+
+Mixed = Union[str, list[Union[int, str]]]  # text, token ids, or ids mixed with text
+
+
+class PromptObject(BaseModel):
+    """llama-server's ``{"prompt_string": ..., "multimodal_data": [...]}`` (no media here)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    prompt_string: Mixed
+    multimodal_data: list[str] | None = None
+
+
+class LlamaCompletionRequest(_Common):
+    """llama-server's ``/completion`` body (module docstring); the sampling, stop, grammar and
+    ``speculative`` fields are the OpenAI endpoints' (schemas.py)."""
+
+    POST_SAMPLING_PROBS: ClassVar[bool] = False  # n_probs: the raw log-softmax, as llama-server
+
+    prompt: Union[Mixed, PromptObject]
+    n_probs: int | None = None
+    post_sampling_probs: bool | None = None
+    return_tokens: bool = False
+    response_fields: list[str] | None = None
+    id_slot: int | None = None
+
+
+# /completion's own answer-changing fields not implemented here (the others, shared with the
+# OpenAI endpoints: schemas.py), accepted at the value that changes nothing: (field, that value,
+# its test)
+_NEUTRAL = (
+    ("echo", "false", lambda v: v is False),
+    ("image_data", "[]", lambda v: v == []),
+    ("multimodal_data", "[]", lambda v: v == []),
+)
+
+
+def _refused(body: LlamaCompletionRequest) -> None:
+    """InputError naming the first field of ``body`` this server would have to ignore."""
+    extra = body.model_extra or {}
+    for name, neutral, is_neutral in _NEUTRAL:
+        if extra.get(name) is not None and not is_neutral(extra[name]):
+            raise InputError(f"{name} is not supported on /completion by this server (only "
+                             f"{neutral}, which changes nothing), got "
+                             f"{json.dumps(extra[name])[:40]}: leave it out", param=name)
+    if body.id_slot not in (None, -1, 0):
+        raise InputError(f"id_slot: this server has one slot, 0 (or -1: any), got {body.id_slot}",
+                         param="id_slot")
+    if isinstance(body.prompt, PromptObject) and body.prompt.multimodal_data:
+        raise InputError("prompt.multimodal_data: this server takes no media", param="prompt")
+
+
+def prompt_ids(engine, prompt) -> list[int]:
+    """The token ids of a llama-server prompt (tokenize_mixed): text is tokenized as the OpenAI
+    endpoints do (BOS where the model adds it, once), text after the first element without BOS,
+    ids as they are. InputError (param prompt) for several prompts, none, or an id outside the
+    vocabulary."""
+    if isinstance(prompt, PromptObject):
+        prompt = prompt.prompt_string
+    if isinstance(prompt, str):
+        return engine.tokenize(prompt)
+    if not prompt:
+        raise InputError("the prompt is empty", param="prompt")
+    if all(isinstance(p, str) for p in prompt):  # llama-server: one prompt per string
+        if len(prompt) != 1:
+            raise InputError(f"only one prompt per request is supported, got {len(prompt)}",
+                             param="prompt")
+        return engine.tokenize(prompt[0])
+    model, ids = engine.verifier.model, []
+    for i, p in enumerate(prompt):
+        if isinstance(p, str):
+            ids += engine.tokenize(p) if i == 0 else model.tokenize(p, add_special=False,
+                                                                     parse_special=True)
+        else:
+            ids.append(p)
+    _check_ids(ids, model.n_vocab, "prompt")  # before any llama.cpp call reads them
+    return ids
+
+
+def _stop_type(result, stopped_by: str) -> str:
+    """llama-server's ``stop_type``: eos, word (a stop string), limit (n_predict, a full context,
+    the request's time limit), none (cut short)."""
+    if stopped_by == "timeout":
+        return "limit"
+    if stopped_by:
+        return "none"
+    return {"eos": "eos", "stop": "word", "length": "limit"}.get(result.stop_reason, "none")
+
+
+def _stopping_word(result) -> str:
+    """The stop string that ended the text (session.py writes ``stop string 'WORD'`` into the
+    message, its repr), else ""."""
+    import ast
+
+    head = "stop string "
+    if result.stop_reason != "stop" or not result.message.startswith(head):
+        return ""
+    try:
+        return ast.literal_eval(result.message[len(head):])
+    except (ValueError, SyntaxError):
+        return ""
+
+
+def response_fields(obj: dict, paths: list[str]) -> dict:
+    """llama-server's ``response_fields``: each path that exists; ``a/b`` moves ``obj[a][b]`` to
+    the top under the key ``b`` (json_get_nested_values)."""
+    out = {}
+    for path in paths:
+        value, found = obj, True
+        for key in path.split("/"):
+            if isinstance(value, dict) and key in value:
+                value = value[key]
+            else:
+                found = False
+                break
+        if found:
+            out[path.split("/")[-1]] = value
+    return out
+
+
+def generation_settings(req, stream: bool = False) -> dict:
+    """llama-server's ``generation_settings`` (task_params::to_json) of a Request: its warps and
+    limits, and the samplers it does not have at the values that leave them off."""
+    return {"seed": req.seed, "temperature": req.temperature, "top_k": req.top_k,
+            "top_p": req.top_p, "min_p": req.min_p, "n_predict": req.n_predict,
+            "max_tokens": req.n_predict, "stream": stream, "stop": list(req.stop),
+            "n_probs": req.n_probs or 0, "post_sampling_probs": req.post_sampling_probs,
+            "cache_prompt": req.cache_prompt,
+            "samplers": ["top_k", "top_p", "min_p", "temperature"],
+            "dynatemp_range": 0.0, "top_n_sigma": -1.0, "xtc_probability": 0.0,
+            "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
+            "frequency_penalty": 0.0, "dry_multiplier": 0.0, "mirostat": 0, "min_keep": 0,
+            "ignore_eos": False, "n_keep": 0, "grammar": req.grammar or "",
+            "json_schema": json.loads(req.json_schema) if req.json_schema else None}
+
+
+def timings(s) -> dict:
+    """llama-server's ``timings`` of a generation's stats (prompt: the tokens decoded, those
+    reused are ``cache_n``; predicted: the emitted tokens; draft_n / draft_n_accepted: drafted and
+    accepted tokens, when any were drafted)."""
+    n_prompt = s.n_prompt_tokens - s.n_prompt_tokens_reused
+    out = {"cache_n": s.n_prompt_tokens_reused, "prompt_n": n_prompt,
+           "prompt_ms": s.prefill_seconds * 1e3,
+           "prompt_per_token_ms": s.prefill_seconds * 1e3 / max(n_prompt, 1),
+           "prompt_per_second": n_prompt / s.prefill_seconds if s.prefill_seconds else 0.0,
+           "predicted_n": s.n_tokens, "predicted_ms": s.decode_seconds * 1e3,
+           "predicted_per_token_ms": s.decode_seconds * 1e3 / max(s.n_tokens, 1),
+           "predicted_per_second": s.tokens_per_second}
+    if s.n_drafted:
+        out.update(draft_n=s.n_drafted, draft_n_accepted=s.n_accepted)
+    return out
+
+
+class _Completion:
+    """llama-server's completion objects for one ``/completion`` request (server-task.cpp:
+    to_json_non_oaicompat), with this server's ``speculative`` block."""
+
+    def __init__(self, body: LlamaCompletionRequest, req, model_id: str, prompt_text: str,
+                 n_prompt: int, speculative: Callable[[Any], dict]) -> None:
+        self.body, self.req, self.model_id = body, req, model_id
+        self.prompt_text, self.n_prompt, self.speculative = prompt_text, n_prompt, speculative
+        self.sent = 0  # tokens the partial objects carried
+
+    def _probs(self, logprobs) -> dict:
+        if self.req.n_probs is None or not logprobs:
+            return {}
+        return {"completion_probabilities": llama_probs(logprobs, self.req.post_sampling_probs)}
+
+    def partial(self, text: str, tokens, logprobs=(), segments=None) -> dict:
+        """One streamed event: its text, its tokens (as llama-server, whatever return_tokens)."""
+        self.sent += len(tokens)
+        out = {"index": 0, "content": text, "tokens": list(tokens), "stop": False, "id_slot": 0,
+               "tokens_predicted": self.sent, "tokens_evaluated": self.n_prompt,
+               **self._probs(logprobs)}
+        if segments is not None:  # which characters came from accepted drafts, which from q
+            out["speculative"] = {"segments": [[t, src] for t, src in segments]}
+        return out
+
+    def final(self, text: str, result, stopped_by: str, *, streamed: bool = False) -> dict:
+        """The last object: everything (streamed: no content, tokens or probabilities, which
+        the partial events carried)."""
+        s = result.stats
+        out = {"index": 0, "content": "" if streamed else text,
+               "tokens": list(result.tokens) if self.body.return_tokens and not streamed else [],
+               "id_slot": 0, "stop": True, "model": self.model_id,
+               "tokens_predicted": s.n_tokens, "tokens_evaluated": self.n_prompt,
+               "generation_settings": generation_settings(self.req, self.body.stream),
+               "prompt": self.prompt_text, "has_new_line": "\n" in result.text,
+               "truncated": False,  # no context shift: a prompt is never cut
+               "stop_type": _stop_type(result, stopped_by),
+               "stopping_word": _stopping_word(result),
+               "tokens_cached": self.n_prompt + s.n_tokens, "timings": timings(s),
+               **({} if streamed else self._probs(result.logprobs)),
+               "speculative": self.speculative(result)}
+        if self.body.response_fields:
+            return response_fields(out, self.body.response_fields)
+        return out
+
+
+def _not_ready(worker, redact) -> JSONResponse | None:
+    """llama-server's answer while the engine cannot take a request, else None."""
+    if worker.state == "lost":
+        return llama_error(503, redact(worker.error))
+    if worker.stopping:
+        return llama_error_of(ShuttingDownError(), redact)
+    if worker.state == "loading":
+        return llama_error(503, "Loading model", headers={"Retry-After": "1"})
+    if worker.state != "ready":
+        return llama_error(500, redact(f"the models failed to load: {worker.error}"))
+    return None
+
+
+@router.post("/completion")
+@router.post("/completions")
+async def completion(body: LlamaCompletionRequest, request: HttpRequest):
+    from .app import _ClientGone, _Shape, _Watch, _cut_short
+
+    state = request.app.state
+    config, worker, metrics, redact = state.config, state.worker, state.metrics, state.redact
+    refused = _not_ready(worker, redact)
+    if refused is not None:
+        return refused
+    _refused(body)
+    try:
+        req = to_request(config.defaults, body)
+        ids = prompt_ids(worker.engine, body.prompt)
+    except CactusError as e:
+        return llama_error_of(e, redact, body)
+    shape = _Completion(body, req, config.model_id,
+                        worker.engine.verifier.model.detokenize(ids, special=True), len(ids),
+                        _Shape(False, config.model_id, req).speculative)
+    job = Job(prompt=ids, request=req, chat=False, loop=asyncio.get_running_loop(),
+              deadline=time.perf_counter() + config.request_timeout)
+    worker.submit(job)  # a full queue: QueueFullError, a 503 (LlamaRoute)
+    watch = _Watch(job, request)
+    try:
+        kind, payload = await watch.next_event()
+    except _ClientGone:
+        return Response(status_code=499)
+    if kind == "error":
+        return llama_error_of(payload, redact, body)
+    if body.stream:
+        request.state.counted_by_stream = True  # its status is known only at its end
+        return EventSourceResponse(_events(job, request, shape, metrics, redact), ping=15,
+                                   shutdown_grace_period=config.shutdown_grace + 5)
+    text = []
+    try:
+        while True:
+            kind, payload = await watch.next_event()
+            if kind == "chunk":
+                text.append(payload.text)
+            elif kind == "done":
+                if job.stopped_by == "shutdown":
+                    return llama_error_of(ShuttingDownError(_cut_short(payload)), redact)
+                return shape.final("".join(text), payload, job.stopped_by)
+            else:
+                return llama_error_of(payload, redact, body)
+    except _ClientGone:
+        return Response(status_code=499)
+
+
+def _error_event(e, redact) -> dict:
+    """A stream's error event: llama-server's ``data: {"error": {...}}``."""
+    return {"data": json.dumps({"error": json.loads(llama_error_of(e, redact).body)["error"]})}
+
+
+async def _events(job: Job, request: HttpRequest, shape: _Completion, metrics, redact):
+    """The SSE events of a streamed /completion: partial objects, the final one (no [DONE]);
+    an error event in its place when the engine fails or the shutdown cuts the reply."""
+    from .app import _cut_short
+
+    status = "499"  # unless it gets to its end
+    try:
+        while True:
+            kind, payload = await job.events.get()
+            if kind == "chunk":
+                yield {"data": json.dumps(shape.partial(payload.text, payload.tokens,
+                                                        payload.logprobs, payload.segments))}
+            elif kind == "done":
+                if job.stopped_by == "shutdown":
+                    status = "503"
+                    yield _error_event(ShuttingDownError(_cut_short(payload)), redact)
+                    break
+                left = payload.tokens[shape.sent:]  # tokens whose text no chunk released
+                if left:
+                    yield {"data": json.dumps(shape.partial(
+                        "", left, (payload.logprobs or [])[shape.sent:]))}
+                yield {"data": json.dumps(shape.final("", payload, job.stopped_by,
+                                                      streamed=True))}
+                status = "200"
+                break
+            else:
+                status = "500"
+                yield _error_event(payload, redact)
+                break
+    finally:
+        job.cancel()  # the client left mid-stream (or the stream ended): stop within one step
+        metrics.requests.labels(request.url.path, status).inc()
+
+
+# -------------------------------------------------------------------------------------------------
+# Tokens, templates, properties
+# -------------------------------------------------------------------------------------------------
+
+class TokenizeRequest(BaseModel):
+    """llama-server's ``/tokenize`` body (no ``content``: no tokens)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    content: Mixed | None = None
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    tokens: list[int] | None = None
+
+
+def _engine(request: HttpRequest):
+    """The loaded engine, or the llama-server answer saying why there is none."""
+    worker = request.app.state.worker
+    refused = _not_ready(worker, request.app.state.redact)
+    return (None, refused) if refused is not None else (worker.engine, None)
+
+
+def _piece_json(piece: bytes) -> str | list[int]:
+    """A piece as llama-server writes it: text when it is valid UTF-8, else its bytes."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(piece)
+
+
+def _check_ids(ids: list[int], n_vocab: int, field: str) -> None:
+    bad = next((i for i, t in enumerate(ids) if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise InputError(f"{field}[{bad}]: token id {ids[bad]} is outside the vocabulary "
+                         f"[0, {n_vocab})", param=field)
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: HttpRequest):
+    engine, refused = _engine(request)
+    if refused is not None:
+        return refused
+    model = engine.verifier.model
+    content, ids = body.content, []
+    for i, part in enumerate([content] if isinstance(content, str) else content or []):
+        if isinstance(part, str):
+            ids += model.tokenize(part, add_special=body.add_special and i == 0,
+                                  parse_special=body.parse_special)
+        else:
+            ids.append(part)
+    _check_ids(ids, model.n_vocab, "content")
+    if body.with_pieces:
+        return {"tokens": [{"id": t, "piece": _piece_json(model.token_to_piece(t, special=True))}
+                           for t in ids]}
+    return {"tokens": ids}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: HttpRequest):
+    engine, refused = _engine(request)
+    if refused is not None:
+        return refused
+    model = engine.verifier.model
+    ids = body.tokens or []
+    _check_ids(ids, model.n_vocab, "tokens")
+    return {"content": model.detokenize(ids, special=True)}
+
+
+@router.post("/apply-template")
+async def apply_template(body: ChatCompletionRequest, request: HttpRequest):
+    engine, refused = _engine(request)
+    if refused is not None:
+        return refused
+    return {"prompt": engine.format_chat(chat_messages(body))}
+
+
+@router.get("/props")
+async def props(request: HttpRequest):
+    import importlib.metadata
+
+    import llama_cpp
+
+    from ..options.rule import rule_of
+
+    engine, refused = _engine(request)
+    if refused is not None:
+        return refused
+    config = request.app.state.config
+    model, defaults = engine.verifier.model, config.defaults
+
+    def text(token: int) -> str:
+        return model.token_text(token).decode("utf-8", "replace") if token >= 0 else ""
+
+    try:
+        version = importlib.metadata.version("cactus-gguf")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        version = "source"
+    return {"default_generation_settings": {"n_ctx": engine.verifier.n_ctx,
+                                            "params": generation_settings(defaults)},
+            "total_slots": 1, "model_alias": config.model_id,
+            # the file's name, never this machine's path (README "Server")
+            "model_path": os.path.basename(str(config.verifier)),
+            "modalities": {"vision": False, "audio": False, "video": False},
+            "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": True,
+            "ui": True, "chat_template": model.chat_template() or "",
+            "bos_token": text(model.bos), "eos_token": text(model.eos),
+            "build_info": f"cactus-gguf {version} (llama-cpp-python "
+                          f"{llama_cpp.__version__})",
+            "is_sleeping": False,
+            # this server's own: the speculation every request gets unless it says otherwise
+            "speculative": rule_of(defaults),
+            "draft_path": os.path.basename(str(config.draft)) if config.draft else None}
+
+
+@router.post("/props")
+async def set_props(request: HttpRequest):
+    return llama_error(501, "this server does not support changing global properties (as "
+                            "llama-server without --props)")
