@@ -343,6 +343,9 @@ def test_apply_template_renders_the_ggufs_template(server):
                                                       {"role": "user", "content": "hi"}]})
     assert r.json() == {"prompt": "system: Be brief.\nuser: hi\nassistant:"}, r.text
     llama_error(post(server, "/apply-template", {"messages": []}), 400, "messages")
+    llama_error(post(server, "/apply-template", {  # not rendered: refused, not dropped
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}), 400)
 
 
 def test_props_describe_the_server_without_its_paths(server, files):

@@ -490,6 +490,10 @@ async def apply_template(body: ChatCompletionRequest, request: HttpRequest):
     engine, refused = _engine(request)
     if refused is not None:
         return refused
+    tools = getattr(body, "tools", None) or (body.model_extra or {}).get("tools")
+    if tools:  # the prompt would differ from the one a chat request with them is given
+        raise InputError("tools: /apply-template renders messages only; send the request to "
+                         "/v1/chat/completions", param="tools")
     return {"prompt": engine.format_chat(chat_messages(body))}
 
 
