@@ -160,7 +160,7 @@ BAD = [  # (endpoint, body, status, param)
     ("chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, None),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{}]}, 400,
-     "tools"),
+     "tools.0.type"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": 3}, 400,
      "logprobs"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}],

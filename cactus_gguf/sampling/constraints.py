@@ -21,8 +21,9 @@ A mask is ``uint32 [ceil(V / 32)]``: bit ``i % 32`` of word ``i // 32`` set = to
 native helper's layout, read in place). End-of-generation tokens are allowed only where the grammar
 accepts: the generation can end only with a complete sentence of the grammar.
 
-Constraint kinds (``Request`` fields): ``grammar`` (llama.cpp GBNF text), ``json_schema`` (JSON
-Schema text), ``json_object`` (any JSON object).
+Constraint kinds (``Request`` fields): ``grammar`` (llama.cpp GBNF text, or llguidance's Lark
+after ``%llguidance``, as llama.cpp takes it), ``json_schema`` (JSON Schema text), ``json_object``
+(any JSON object).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ import numpy as np
 
 from ..errors import EngineError, InputError
 
-__all__ = ["GrammarSpec", "grammar_spec", "Constraint", "tokenizer_for", "mask_words"]
+__all__ = ["GrammarSpec", "grammar_spec", "Constraint", "tokenizer_for", "mask_words", "json_matches"]
 
 # Whitespace between JSON tokens: one space, or one or two newlines and up to 20 spaces / tabs of
 # indentation (llama.cpp's json-schema-to-grammar SPACE_RULE). Unbounded whitespace (llguidance's
@@ -79,7 +80,10 @@ def grammar_spec(kind: str, source: str) -> GrammarSpec:
             if not source.strip():
                 raise InputError("{grammar} is empty: give a GBNF grammar (a `root ::= ...` rule)",
                                  param="grammar")
-            compiled = grammar_from("gbnf", source)
+            # llama.cpp's convention: a grammar opening with %llguidance is llguidance's Lark
+            # (what tool calls use: JSON schemas inside, special tokens by name)
+            compiled = (LLMatcher.grammar_from_lark(source) if _is_lark(source)
+                        else grammar_from("gbnf", source))
         elif kind in ("json_schema", "json_object"):
             schema = source if kind == "json_schema" else '{"type":"object"}'
             compiled = LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
@@ -95,9 +99,15 @@ def grammar_spec(kind: str, source: str) -> GrammarSpec:
         raise InputError(f"{{{kind}}}: the {what} is invalid: {_one_line(messages[0])}",
                          param=kind)
     problem = _probe(compiled)
+    if problem and _is_lark(source) and "unknown special token" in problem:
+        problem = None  # it names the model's special tokens: the probe's bytes have none
     if problem:
         raise InputError(f"{{{kind}}}: the {what} {problem}", param=kind)
     return GrammarSpec(kind, source, compiled)
+
+
+def _is_lark(source: str) -> bool:
+    return source.lstrip().startswith("%llguidance")
 
 
 class _ByteVocabulary:
@@ -117,6 +127,23 @@ def _byte_tokenizer():
     from llguidance import LLTokenizer, TokenizerWrapper
 
     return LLTokenizer(TokenizerWrapper(_ByteVocabulary()))
+
+
+def json_matches(schema: Any, value: Any) -> bool:
+    """Whether JSON data ``value`` is valid under the JSON Schema ``schema`` as the grammar
+    engine enforces it (``--json-schema``'s keywords and leniency): its compact text walked byte
+    by byte. False for a schema the engine refuses. Tool calls check what no grammar bound."""
+    import json
+
+    from llguidance import LLMatcher
+
+    try:
+        spec = grammar_spec("json_schema", json.dumps(schema))
+    except InputError:
+        return False
+    m = LLMatcher(_byte_tokenizer(), spec.compiled, log_level=0)
+    data = json.dumps(value, ensure_ascii=False).encode("utf-8")
+    return all(m.consume_token(b) for b in data) and m.is_accepting()
 
 
 def _probe(compiled: str, steps: int = 4) -> str | None:

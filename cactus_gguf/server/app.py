@@ -45,6 +45,7 @@ from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .native_api import NATIVE_PATHS, llama_error, router as native_router
 from .schemas import (ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt,
                       openai_param, to_request)
+from .tools import ToolPlan
 from .worker import Job, QueueFullError, ShuttingDownError, Worker
 
 __all__ = ["ServerConfig", "create_app"]
@@ -203,8 +204,9 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: HttpRequest):
-        return await _generate(request, body, chat_messages(body), True, config, worker, metrics,
-                               redact)
+        tools = ToolPlan.of(body)  # None: no tools, no calls in the history
+        return await _generate(request, body, chat_messages(body) if tools is None else None, True,
+                               config, worker, metrics, redact, plan=tools)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: HttpRequest):
@@ -349,7 +351,10 @@ def _engine_error(payload, redact, body) -> JSONResponse:
 
 
 async def _generate(request: HttpRequest, body, prompt, chat: bool, config: ServerConfig,
-                    worker: Worker, metrics: Metrics, redact: Redactor):
+                    worker: Worker, metrics: Metrics, redact: Redactor, plan=None):
+    """``plan``: a prompt that needs the loaded model (tools: server/tools.py, a FIM suffix:
+    server/fim.py); its ``prepare(engine, req)`` gives the prompt and the request, its
+    ``reply()`` the shaper of a reply with tool calls (or None)."""
     if worker.state == "lost":
         return error(503, redact(worker.error), type_="server_error", code="rpc_server_lost")
     if worker.stopping:
@@ -364,7 +369,10 @@ async def _generate(request: HttpRequest, body, prompt, chat: bool, config: Serv
                           f"{config.model_id!r} (GET /v1/models)", param="model",
                      code="model_not_found")
     req = to_request(config.defaults, body)
-    job = Job(prompt=prompt, request=req, chat=chat, loop=asyncio.get_running_loop(),
+    if plan is not None:
+        prompt, req = plan.prepare(worker.engine, req)
+    job = Job(prompt=prompt, request=req, chat=chat and plan is None,
+              loop=asyncio.get_running_loop(),
               deadline=time.perf_counter() + config.request_timeout)
     try:
         worker.submit(job)
@@ -377,7 +385,7 @@ async def _generate(request: HttpRequest, body, prompt, chat: bool, config: Serv
         return Response(status_code=499)
     if kind == "error":
         return _engine_error(payload, redact, body)
-    shape = _Shape(chat, config.model_id, req)
+    shape = _Shape(chat, config.model_id, req, plan.reply() if plan is not None else None)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         request.state.counted_by_stream = True  # its status is known only at its end
@@ -452,8 +460,9 @@ async def _sse(job: Job, request: HttpRequest, shape: "_Shape", include_usage: b
 class _Shape:
     """OpenAI's response and chunk objects for one request."""
 
-    def __init__(self, chat: bool, model: str, request) -> None:
+    def __init__(self, chat: bool, model: str, request, tools=None) -> None:
         self.chat, self.model, self.request = chat, model, request
+        self.tools = tools  # a reply that may hold tool calls (server/tools.py's ToolReply)
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self._sent = self._offset = 0  # tokens whose logprobs were sent; their characters
@@ -509,7 +518,11 @@ class _Shape:
 
     def response(self, text: str, result, stopped_by: str) -> dict:
         finish = FINISH.get(stopped_by or result.stop_reason, "stop")
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text},
+        message = {"role": "assistant", "content": text}
+        if self.tools is not None:  # the calls parsed out of the text
+            message = self.tools.message(text)
+            finish = "tool_calls" if self.tools.called and finish == "stop" else finish
+        choice = ({"index": 0, "message": message,
                    "finish_reason": finish, "logprobs": self.logprobs(result.logprobs)} if self.chat else
                   {"index": 0, "text": text, "finish_reason": finish,
                    "logprobs": self.logprobs(result.logprobs)})
@@ -524,6 +537,9 @@ class _Shape:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else (
                 {"content": text} if text is not None else {})
+            if self.tools is not None and not role:  # content and calls, parsed as they come
+                delta = self.tools.delta(text)
+                finish = "tool_calls" if self.tools.called and finish == "stop" else finish
             choice = {"index": 0, "delta": delta, "finish_reason": finish,
                       "logprobs": None if role else self.logprobs(logprobs)}
         else:

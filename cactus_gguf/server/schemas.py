@@ -11,7 +11,7 @@ llama-server's ``grammar`` (GBNF) and ``json_schema`` fields. Values are validat
 schema (the options table), so the server accepts exactly what ``cactus-gguf run`` accepts; an
 error names
 the field as the client wrote it. Fields that would change what a response means and that this
-server does not implement (tools, penalties, several choices) are refused with a 400,
+server does not implement (legacy functions, penalties, several choices) are refused with a 400,
 never silently ignored.
 
 llama-server's own answer-changing fields: ``n_predict`` is its name of ``max_tokens`` (-1 = no
@@ -124,8 +124,8 @@ class CompletionRequest(_Common):
 
 # Fields that change a response's meaning and are not implemented: refused, not ignored.
 _REFUSED = {
-    "tools": "tool calls", "tool_choice": "tool calls", "functions": "function calls",
-    "function_call": "function calls", "audio": "audio output", "modalities": "output modalities", "prediction": "predicted outputs",
+    "functions": "legacy function calls", "function_call": "legacy function calls",
+    "audio": "audio output", "modalities": "output modalities", "prediction": "predicted outputs",
 }
 
 

@@ -1,0 +1,280 @@
+"""Tool calls on ``/v1/chat/completions``: OpenAI's ``tools``, ``tool_choice`` and
+``parallel_tool_calls``, assistant messages with ``tool_calls`` and ``tool`` messages in the
+history, and the reply's calls as OpenAI sends them (``message.tool_calls``, streamed
+``delta.tool_calls`` with index / id / function name / arguments, ``finish_reason``
+``"tool_calls"``).
+
+The prompt, the calling conventions, the parser and the grammar are cactus_gguf/toolcalls.py's;
+this module validates the request, prepares the engine request (the prompt rendered with the
+GGUF's template and its tools, the calls' grammar unless ``tool_choice`` is ``none``) and shapes
+the reply. Speculation stays on: the grammar constrains the draft, the acceptance test and the
+residual alike (README "Structured output").
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Union
+
+import llama_cpp
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import InputError
+from ..toolcalls import ToolCallParser, ToolFormat, render_with_tools, tool_format, tool_grammar
+
+__all__ = ["ToolPlan", "ToolReply"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's function names
+
+
+class _Function(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class _Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["function"]
+    function: _Function
+
+
+class _Named(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+
+
+class _NamedChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["function"]
+    function: _Named
+
+
+class _CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+    arguments: str
+
+
+class _Call(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: _CalledFunction
+
+
+def _validated(model, value, field: str):
+    """``value`` validated as the pydantic ``model``; InputError naming ``field`` and the place
+    inside it at fault (``tools.0.function.name``)."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        name = f"{field}.{where}" if where else field
+        raise InputError(f"{name}: {first['msg']}", param=name) from None
+
+
+def _text(content, field: str) -> str:
+    """A message's content as text: a string, text parts, or nothing."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.type != "text" or part.text is None:
+            raise InputError(f"{field}: only text parts are supported, got {part.type!r}",
+                             param=field)
+        parts.append(part.text)
+    return "".join(parts)
+
+
+class ToolPlan:
+    """A chat request that involves tools: its tools, choice, and history with calls.
+
+    Made by :meth:`of` from the body alone (InputError for malformed tools, choice or history);
+    :meth:`prepare` then needs the engine's model: the prompt from its chat template, and the
+    engine Request with the calls' grammar."""
+
+    def __init__(self, tools: list[dict], choice: Union[str, dict], parallel: bool,
+                 messages: list[dict], constrained_by: str | None) -> None:
+        self.tools, self.choice, self.parallel = tools, choice, parallel
+        self.messages = messages
+        self.constrained_by = constrained_by  # the body's own output constraint, if any
+        self.format: ToolFormat | None = None  # known after prepare()
+
+    @property
+    def calls_allowed(self) -> bool:
+        return bool(self.tools) and self.choice != "none"
+
+    @classmethod
+    def of(cls, body) -> "ToolPlan | None":
+        """The plan of a ChatCompletionRequest, or None when it has no tools and no message
+        carries a call or a call's result (a plain chat)."""
+        extra = body.model_extra or {}
+        raw_tools = extra.get("tools")
+        history = any(m.role == "tool" or (m.model_extra or {}).get("tool_calls")
+                      for m in body.messages)
+        choice_given = extra.get("tool_choice") is not None
+        if not raw_tools and not history and not choice_given and \
+                extra.get("parallel_tool_calls") is None:
+            return None
+        if raw_tools is not None and not isinstance(raw_tools, list):
+            raise InputError(f"tools must be a list of tools, got {type(raw_tools).__name__}",
+                             param="tools")
+        tools = [_validated(_Tool, t, f"tools.{i}").model_dump(exclude_none=True)
+                 for i, t in enumerate(raw_tools or [])]
+        names = [t["function"]["name"] for t in tools]
+        for i, name in enumerate(names):
+            if not _NAME.match(name):
+                raise InputError(f"tools.{i}.function.name must be 1-64 letters, digits, _ or -, "
+                                 f"got {name!r}"[:160], param=f"tools.{i}.function.name")
+            if name in names[:i]:
+                raise InputError(f"tools.{i}.function.name {name!r} is given twice",
+                                 param=f"tools.{i}.function.name")
+        choice = extra.get("tool_choice", "auto")
+        if choice_given and not tools:
+            raise InputError("tool_choice needs tools", param="tool_choice")
+        if isinstance(choice, dict):
+            named = _validated(_NamedChoice, choice, "tool_choice").function.name
+            if named not in names:
+                raise InputError(f"tool_choice names {named!r}, which is not among the tools "
+                                 f"({', '.join(names)})"[:200], param="tool_choice")
+            choice = {"type": "function", "function": {"name": named}}
+        elif choice not in ("auto", "none", "required"):
+            raise InputError(f'tool_choice must be "auto", "none", "required" or {{"type": '
+                             f'"function", "function": {{"name": ...}}}}, got {choice!r}'[:200],
+                             param="tool_choice")
+        parallel = extra.get("parallel_tool_calls", True)
+        if not isinstance(parallel, bool):
+            raise InputError(f"parallel_tool_calls must be a boolean, got {parallel!r}"[:80],
+                             param="parallel_tool_calls")
+        rf = body.response_format
+        constrained_by = ("response_format" if rf is not None and rf.type != "text" else
+                          "grammar" if body.grammar is not None else
+                          "json_schema" if body.json_schema is not None else None)
+        return cls(tools, choice, parallel, _messages(body), constrained_by)
+
+    def prepare(self, engine, req):
+        """(prompt text, Request) for the engine: the messages rendered with the GGUF's chat
+        template and the tools, and ``req`` with the reply's grammar (tool_choice "none": text
+        that opens no call). InputError: a template without tool support, a request that also gives its own
+        output constraint."""
+        model = engine.verifier.model
+        template = model.chat_template()
+        if self.tools:
+            self.format = tool_format(template, lambda text: _is_special(model, text))
+            if self.constrained_by:
+                raise InputError(f"{self.constrained_by} cannot be combined with tools: the "
+                                 "reply has the tool calls' grammar (leave the tools out)",
+                                 param=self.constrained_by)
+        elif not template:
+            raise InputError("this model has no chat template (tokenizer.chat_template): use "
+                             "/v1/completions with a plain prompt", param="messages")
+        # the tools stay in the prompt under tool_choice "none" (the grammar then allows no
+        # call), so a conversation's turns share their prefix in the KV cache
+        prompt = render_with_tools(
+            template, self.messages, self.tools or None,
+            bos=model.token_text(model.bos).decode("utf-8", "replace"),
+            eos=model.token_text(model.eos).decode("utf-8", "replace"))
+        if self.tools:
+            grammar = tool_grammar(self.format, self.tools, self.choice, self.parallel)
+            try:
+                req = req.replace(grammar=grammar)
+            except InputError as e:  # a tool's parameters the grammar engine refuses
+                raise InputError(f"tools: the tools' parameters are not a JSON schema this "
+                                 f"server can enforce: {e}", param="tools") from None
+        return prompt, req
+
+    def reply(self) -> "ToolReply | None":
+        """The reply's shaper (after prepare), or None when no call can come (plain text)."""
+        if not self.calls_allowed:
+            return None
+        return ToolReply(ToolCallParser(self.format, self.tools))
+
+
+def _is_special(model, text: str) -> bool:
+    """Whether ``text`` is one token the grammar engine sees as special (llguidance's rule for a
+    llama.cpp vocabulary: a control token, or a user-defined one written ``<...>``)."""
+    ids = model.tokenize(text, add_special=False, parse_special=True)
+    if len(ids) != 1:
+        return False
+    attr = model.token_attr(ids[0])
+    return bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL or (
+        attr & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED and text.startswith("<")
+        and text.endswith(">")))
+
+
+def _messages(body) -> list[dict]:
+    """The messages as chat templates take them: role, text content, and OpenAI's tool fields
+    (assistant ``tool_calls``; a tool result's ``tool_call_id`` and ``name``)."""
+    out = []
+    for i, m in enumerate(body.messages):
+        extra = m.model_extra or {}
+        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                               "content": _text(m.content, f"messages.{i}.content")}
+        calls = extra.get("tool_calls")
+        if calls:
+            if m.role != "assistant":
+                raise InputError(f"messages.{i}.tool_calls: only an assistant message has tool "
+                                 "calls", param=f"messages.{i}.tool_calls")
+            if not isinstance(calls, list):
+                raise InputError(f"messages.{i}.tool_calls must be a list",
+                                 param=f"messages.{i}.tool_calls")
+            msg["tool_calls"] = [_validated(_Call, c, f"messages.{i}.tool_calls.{j}")
+                                 .model_dump(exclude_none=True) for j, c in enumerate(calls)]
+        if m.role == "tool":
+            for key in ("tool_call_id", "name"):
+                value = extra.get(key)
+                if value is not None and not isinstance(value, str):
+                    raise InputError(f"messages.{i}.{key} must be a string",
+                                     param=f"messages.{i}.{key}")
+                if value is not None:
+                    msg[key] = value
+        out.append(msg)
+    return out
+
+
+class ToolReply:
+    """The reply of a request whose model may call tools: content and calls parsed as the text
+    comes (ToolCallParser), shaped as OpenAI's message or streamed deltas."""
+
+    def __init__(self, parser: ToolCallParser) -> None:
+        self.parser = parser
+        self.n_calls = 0
+
+    @property
+    def called(self) -> bool:
+        return self.n_calls > 0
+
+    def _calls(self, calls) -> list[dict]:
+        out = [{"index": self.n_calls + i, **c.openai()} for i, c in enumerate(calls)]
+        self.n_calls += len(calls)
+        return out
+
+    def delta(self, text: str | None) -> dict:
+        """A streamed chunk's delta for the next piece of text (None: the reply ended): the
+        content that is final and the calls completed, ``{}`` when everything is held back."""
+        content, calls = self.parser.feed(text) if text is not None else self.parser.finish()
+        out: dict[str, Any] = {}
+        if content:
+            out["content"] = content
+        if calls:
+            out["tool_calls"] = self._calls(calls)
+        return out
+
+    def message(self, text: str) -> dict:
+        """The whole reply as OpenAI's assistant message (content None when there is only
+        calls)."""
+        content, calls = self.parser.feed(text)
+        rest, more = self.parser.finish()
+        message: dict[str, Any] = {"role": "assistant", "content": (content + rest) or None}
+        if calls or more:
+            message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"}
+                                     for c in self._calls(calls + more)]
+        else:
+            message["content"] = content + rest
+        return message
+

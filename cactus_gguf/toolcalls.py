@@ -1,0 +1,381 @@
+"""Tool calls: the prompt from a GGUF's own chat template with its ``tools``, the calls parsed out of
+the text a model writes, and the grammar that makes them valid.
+
+A chat template that supports tools reads a ``tools`` variable (OpenAI's list of
+``{"type": "function", "function": {"name", "description", "parameters"}}``) and writes the
+model's calling convention into the prompt. Two conventions are parsed:
+
+``hermes``   Qwen 2.5 / 3, Hermes 2 Pro and the many templates that copied them: each call is
+             ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, anywhere in the
+             reply, several in a row for parallel calls. Recognised by ``<tool_call>`` in the
+             template.
+``llama3``   Llama 3.1 / 3.2 / 3.3: the whole reply is one JSON object ``{"name": ...,
+             "parameters": {...}}`` (optionally after ``<|python_tag|>``). Recognised by the
+             Llama 3 header tokens in a template that reads ``tools``.
+
+Parsing takes the JSON with ``json.JSONDecoder.raw_decode`` at the position the convention puts
+it (after ``<tool_call>`` or a ```` ```json ```` fence, or at the reply's first non-blank
+character), so a call's arguments may hold any JSON, tags and braces included. A call is kept
+only when it names a tool and its arguments validate against the tool's parameters; anything
+else stays text.
+
+The grammar (llguidance's Lark syntax, the ``%llguidance`` grammars of llama.cpp) is built from
+the tools' JSON schemas: each call must be ``{"name": <one tool's name>, "arguments": <valid
+under that tool's parameters>}``. ``tool_choice`` ``auto`` lets the model write text, then calls
+(like llama-server's lazy grammar, the constraint binds from the call's opening tag on, which the
+text cannot contain); ``required`` allows calls only; a named function allows only a call of
+it. Where ``<tool_call>`` is one special token of the vocabulary (Qwen 2.5), the grammar names
+that token; otherwise it spells the text.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .errors import InputError
+from .sampling.constraints import _JSON_OPTIONS as JSON_OPTIONS
+from .sampling.constraints import json_matches
+
+__all__ = ["ToolFormat", "tool_format", "render_with_tools", "tool_grammar", "ToolCallParser",
+           "ToolCall", "template_reads_tools"]
+
+HERMES, LLAMA3 = "hermes", "llama3"
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+FENCE, FENCE_END = "```json", "```"  # a Markdown JSON block: how small models also write calls
+PYTHON_TAG = "<|python_tag|>"
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How a model writes its calls: ``kind`` (hermes or llama3); ``special_open`` /
+    ``special_close``: the opening / closing tag is one special token of the vocabulary (the
+    grammar then names the token rather than its text)."""
+
+    kind: str
+    special_open: bool = False
+    special_close: bool = False
+
+    @property
+    def arguments_key(self) -> str:
+        return "parameters" if self.kind == LLAMA3 else "arguments"
+
+
+def template_reads_tools(template: str) -> bool:
+    """Whether a Jinja chat template uses the ``tools`` variable (its syntax tree, not a
+    substring: a template mentioning "tools" in its prose does not count)."""
+    import jinja2
+    from jinja2 import meta
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    env = jinja2.Environment(extensions=[Jinja2ChatFormatter.IgnoreGenerationTags,
+                                         "jinja2.ext.loopcontrols"])
+    try:
+        return "tools" in meta.find_undeclared_variables(env.parse(template))
+    except jinja2.TemplateSyntaxError as e:
+        raise InputError(f"the model's chat template is not valid Jinja: {e}") from None
+
+
+def tool_format(template: str | None, is_special=lambda text: False) -> ToolFormat:
+    """The calling convention of a chat template. ``is_special(text)``: whether the vocabulary
+    holds ``text`` as one special token. Raises InputError (HTTP 400) when the template has no
+    tool support, or a convention none of the parsers reads."""
+    if not template:
+        raise InputError("this model has no chat template (tokenizer.chat_template), so it cannot "
+                         "be given tools", param="tools")
+    if not template_reads_tools(template):
+        raise InputError("this model's chat template has no tool support (it never reads "
+                         "`tools`): call it without tools, or use a model whose template has "
+                         "them (e.g. Qwen2.5, Llama 3.1)", param="tools")
+    if OPEN in template:
+        return ToolFormat(HERMES, is_special(OPEN), is_special(CLOSE))
+    if "<|start_header_id|>" in template:
+        return ToolFormat(LLAMA3)
+    raise InputError("this model's chat template takes tools, but in a calling convention this "
+                     "server does not parse (it parses Qwen / Hermes <tool_call> and Llama 3.x "
+                     "JSON calls)", param="tools")
+
+
+def render_with_tools(template: str, messages: Sequence[dict], tools: Sequence[dict] | None, *,
+                      bos: str, eos: str) -> str:
+    """``messages`` rendered with the template and ``tools`` (None: the template's own no-tools
+    branch), ending with the assistant's turn opened. Assistant messages may carry
+    ``tool_calls`` (OpenAI's, arguments as JSON text: given to the template as objects, the
+    convention of Hugging Face templates, which write them with ``tojson``); ``tool`` messages
+    carry the results. InputError when the template raises (its own checks)."""
+    import jinja2
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+    try:
+        return formatter(messages=[_for_template(m) for m in messages],
+                         tools=list(tools) if tools else None).prompt
+    except (jinja2.TemplateError, ValueError, TypeError) as e:
+        raise InputError(f"the model's chat template refused these messages: {e}",
+                         param="messages") from None
+
+
+def _for_template(message: dict) -> dict:
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    out = []
+    for call in calls:
+        fn = dict(call.get("function") or {})
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                fn["arguments"] = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                pass  # not JSON: the template gets the text as it is
+        out.append({**call, "function": fn})
+    return {**message, "tool_calls": out}
+
+
+# -------------------------------------------------------------------------------------------------
+# The grammar
+# -------------------------------------------------------------------------------------------------
+
+def _call_schema(fmt: ToolFormat, tool: dict) -> dict:
+    fn = tool["function"]
+    params = fn.get("parameters")
+    if params is None or params == {}:
+        params = {"type": "object"}
+    return {"type": "object", "properties": {"name": {"const": fn["name"]},
+                                             fmt.arguments_key: params},
+            "required": ["name", fmt.arguments_key], "additionalProperties": False}
+
+
+def tool_grammar(fmt: ToolFormat, tools: Sequence[dict], choice: str | dict,
+                 parallel: bool = True) -> str:
+    """The Lark grammar (``%llguidance``) of a reply under ``choice``: "auto" (text, then calls),
+    "required" (calls only), {"type": "function", "function": {"name": N}} (one call of N) or
+    "none" (text that opens no call). ``parallel`` False allows one call. ``tools``: validated
+    OpenAI tool objects."""
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    chosen = [t for t in tools if named is None or t["function"]["name"] == named]
+    schema = chosen[0] if len(chosen) == 1 else None
+    one = _call_schema(fmt, schema) if schema else {"anyOf": [_call_schema(fmt, t) for t in chosen]}
+    # whitespace between JSON tokens and unimplemented keywords as for --json-schema
+    one["x-guidance"] = JSON_OPTIONS
+    body = "%json " + json.dumps(one, ensure_ascii=False)
+    head = "%llguidance {}\n"
+    if fmt.kind == LLAMA3:
+        # a reply is a call, or text that does not start with "{"
+        text = 'TEXT: /([ \\t\\n]*[^{ \\t\\n](.|\\n)*)?/\n'
+        if choice == "none":
+            return head + "start: TEXT\n" + text
+        if choice == "auto":
+            return head + f"start: call | TEXT\ncall: {body}\n" + text
+        return head + f"start: {body}\n"
+    open_ = OPEN if fmt.special_open else json.dumps(OPEN)
+    close = CLOSE if fmt.special_close else json.dumps(CLOSE)
+    call = f'call: {open_} "\\n" {body} "\\n" {close}\n'
+    # TEXT holds no opening tag, spelled out or (a special token is no character) as the token:
+    # a call always starts where the grammar binds it
+    text = f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{_regex(OPEN)}(.|\\n)*/\n"
+    if choice == "none":
+        return head + "start: TEXT\n" + text
+    if choice == "auto":
+        calls = "(TEXT call)*" if parallel else "(TEXT call)?"
+        if not fmt.special_open:
+            # a spelled-out tag ends the text inside one lazy lexeme (llguidance's structural
+            # tags): a greedy TEXT lexeme would never hand the tag over
+            calls = calls.replace("TEXT call", "call")
+            call = (f'call: opening "\\n" {body} "\\n" {close}\n'
+                    f"opening[lazy]: TEXT {open_}\n")
+        return head + f"start: {calls} TEXT\n" + call + text
+    more = ' ("\\n" call)*' if parallel else ""
+    return head + f"start: call{more}\n" + call
+
+
+def _regex(text: str) -> str:
+    return "".join("\\" + c if c in "\\.^$*+?()[]{}|/" else c for c in text)
+
+
+# -------------------------------------------------------------------------------------------------
+# Parsing
+# -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: OpenAI's ``{"id", "type": "function", "function": {"name",
+    "arguments"}}`` with the arguments as compact JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def openai(self) -> dict:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def _call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+class ToolCallParser:
+    """Text in, (content, calls) out, as the reply grows: feed() takes each new piece and returns
+    the content that is final and the calls completed; finish() ends the reply.
+
+    A hermes call is found in three shapes: the template's ``<tool_call>`` tags (where the grammar
+    binds it), a ```` ```json ```` block holding the call object, and a reply that is the bare
+    object (small models write those two under tool_choice auto: Qwen2.5-Coder-1.5B does). A
+    llama3 call is the reply itself. Whatever the shape, a call is kept only if it names one of
+    the ``tools`` and its arguments validate against that tool's parameters (the grammar engine's
+    JSON Schema, as the constrained shapes): anything else stays text, so every call returned
+    validates. Text that might begin a call is held back until it does or cannot (a partial tag
+    or fence; a reply that opens with ``{``)."""
+
+    def __init__(self, fmt: ToolFormat, tools: Sequence[dict]) -> None:
+        self.fmt = fmt
+        self.schemas = {t["function"]["name"]: t["function"].get("parameters") or {}
+                        for t in tools}
+        self.buffer = ""  # text not handed out yet
+        self.calls: list[ToolCall] = []
+        self._started = False  # non-blank text came before: a bare object is no call any more
+        self._last = "start"  # what the reply last held: "start", "text" or "call" (blanks
+        # between calls, or around them at the reply's ends, are no content)
+
+    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+        self.buffer += text
+        return self._hermes(final=False) if self.fmt.kind == HERMES else self._llama3(final=False)
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        return self._hermes(final=True) if self.fmt.kind == HERMES else self._llama3(final=True)
+
+    def _accept(self, obj: Any) -> ToolCall | None:
+        """A parsed JSON value as a call, or None when it is not a valid call of a tool."""
+        if not isinstance(obj, dict) or obj.get("name") not in self.schemas:
+            return None
+        args = obj.get(self.fmt.arguments_key, obj.get("arguments", obj.get("parameters", {})))
+        if isinstance(args, str):  # some models write the arguments as JSON text
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                return None
+        if not isinstance(args, dict) or not json_matches(self.schemas[obj["name"]], args):
+            return None
+        return ToolCall(_call_id(), obj["name"], json.dumps(args, ensure_ascii=False))
+
+    def _next(self, buf: str) -> tuple[int, str]:
+        """Where the next possible call starts in ``buf`` and its shape, or (-1, "")."""
+        found = [(i, kind) for i, kind in ((buf.find(OPEN), "tag"), (buf.find(FENCE), "fence"))
+                 if i >= 0]
+        head = _skip_space(buf, 0)
+        if not self._started and buf.startswith("{", head):
+            found.append((head, "bare"))
+        return min(found) if found else (-1, "")
+
+    def _block(self, buf: str, start: int, kind: str, final: bool):
+        """The block at ``start``: ("wait",) while it may still become a call, ("text", end)
+        when it is not one, ("call", end, obj) when it holds a JSON object."""
+        i = start + {"tag": len(OPEN), "fence": len(FENCE), "bare": 0}[kind]
+        i = _skip_space(buf, i)
+        if kind == "fence" and i < len(buf) and buf[i] != "{":
+            return ("text", i)  # a JSON block of something else
+        try:
+            obj, end = _DECODER.raw_decode(buf, i)
+        except json.JSONDecodeError:
+            return ("text", len(buf)) if final else ("wait",)
+        closing = {"tag": CLOSE, "fence": FENCE_END, "bare": ""}[kind]
+        j = _skip_space(buf, end)
+        if buf.startswith(closing, j):
+            return ("call", j + len(closing), obj)
+        if len(buf) - j < len(closing) and closing.startswith(buf[j:]):
+            # the closing tag is on its way, or the reply ended inside it: the call is whole
+            return ("call", len(buf), obj) if final else ("wait",)
+        return ("call", end, obj) if kind == "tag" else ("text", end)
+
+    def _hermes(self, final: bool) -> tuple[str, list[ToolCall]]:
+        content, calls = [], []
+        while True:
+            buf = self.buffer
+            start, kind = self._next(buf)
+            if start < 0:
+                keep = 0 if final else max(_partial_tail(buf, OPEN), _partial_tail(buf, FENCE))
+                text = buf[:len(buf) - keep]
+                if not final:  # blanks wait: they may only separate calls
+                    keep += len(text) - len(text.rstrip())
+                    text = text.rstrip()
+                elif not text.strip() and self._last == "call":
+                    text = ""  # blanks after the last call
+                content.append(self._text(text))
+                self.buffer = buf[len(buf) - keep:]
+                break
+            block = self._block(buf, start, kind, final)
+            if block[0] == "wait":
+                content.append(self._text(buf[:start].rstrip()))
+                self.buffer = buf[len(buf[:start].rstrip()):]
+                break
+            call = self._accept(block[2]) if block[0] == "call" else None
+            if call is None:
+                content.append(self._text(buf[:block[1]]))
+            else:
+                if buf[:start].strip() or self._last == "text":
+                    content.append(self._text(buf[:start]))  # blanks between text and a call
+                self.calls.append(call)
+                calls.append(call)
+                self._last = "call"
+            self.buffer = buf[block[1]:]
+            self._started = True
+        return "".join(content), calls
+
+    def _text(self, text: str) -> str:
+        """Content released: after it, a bare object is no call; blanks alone change nothing."""
+        if text.strip():
+            self._started, self._last = True, "text"
+        return text
+
+    def _llama3(self, final: bool) -> tuple[str, list[ToolCall]]:
+        buf = self.buffer
+        if not self._started:
+            head = buf.lstrip(" \t\r\n")
+            if not head or (not final and PYTHON_TAG.startswith(head)):
+                return ("", []) if not final else self._flush()
+            self._started = True
+            self._json = head.startswith("{") or head.startswith(PYTHON_TAG)
+        if not self._json:
+            return self._flush()
+        if not final:
+            return "", []  # a reply that is a call is parsed whole, at its end
+        text = buf.lstrip(" \t\r\n")
+        if text.startswith(PYTHON_TAG):
+            text = text[len(PYTHON_TAG):]
+        calls, i = [], _skip_space(text, 0)
+        while i < len(text):
+            try:
+                obj, i = _DECODER.raw_decode(text, i)
+            except json.JSONDecodeError:
+                return self._flush()
+            call = self._accept(obj)
+            if call is None:
+                return self._flush()
+            calls.append(call)
+            i = _skip_space(text, i)
+            if i < len(text) and text[i] == ";":  # Llama 3.x's separator of several calls
+                i = _skip_space(text, i + 1)
+        self.buffer = ""
+        self.calls.extend(calls)
+        return "", calls
+
+    def _flush(self) -> tuple[str, list[ToolCall]]:
+        out, self.buffer = self.buffer, ""
+        return out, []
+
+
+def _partial_tail(text: str, tag: str) -> int:
+    """Length of the longest end of ``text`` that is a proper start of ``tag``."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0

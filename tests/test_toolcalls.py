@@ -1,0 +1,304 @@
+"""Tool calls (cactus_gguf/toolcalls.py, server/tools.py): the calling convention read from a chat
+template, the parser on text cut at every character, the grammar walked byte by byte, and the
+server's answers on tiny models through the official openai client (non-streamed and streamed,
+tool_choice required / named / none, the history of a round trip, the 400s)."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from cactus_gguf.errors import InputError
+from cactus_gguf.sampling.constraints import _byte_tokenizer, grammar_spec
+from cactus_gguf.toolcalls import (ToolCallParser, ToolFormat, render_with_tools, tool_format,
+                                   tool_grammar)
+from support.server import LiveServer, client
+from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama
+
+# A Hermes-style template (Qwen 2.5's conventions, shortened): tools in a system turn, calls in
+# <tool_call> tags, results in <tool_response>.
+HERMES_TEMPLATE = (
+    "{%- if tools %}system: You may call these tools:{% for t in tools %}\n{{ t | tojson }}"
+    "{% endfor %}\nCall one as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call>\n"
+    "{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}user: <tool_response>\n{{ m.content }}\n</tool_response>\n"
+    "{%- elif m.tool_calls %}assistant:{% for c in m.tool_calls %}\n<tool_call>\n"
+    "{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}"
+    "\n</tool_call>{% endfor %}\n"
+    "{%- else %}{{ m.role }}: {{ m.content }}\n{% endif %}"
+    "{%- endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+# Llama 3.1's conventions, shortened: header tokens, the tools in the user turn, a JSON reply.
+LLAMA3_TEMPLATE = (
+    "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+    "{% if tools and loop.last %}Given the functions {{ tools | tojson }}, reply with "
+    "{\"name\": function name, \"parameters\": dictionary of arguments}.\n{% endif %}"
+    "{{ m.content }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+UNIT = {"type": "object", "properties": {"unit": {"enum": ["c", "f"]}, "loud": {"type": "boolean"}},
+        "required": ["unit", "loud"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "set_unit", "description": "units",
+                                           "parameters": UNIT}},
+         {"type": "function", "function": {"name": "beep", "parameters": {
+             "type": "object", "properties": {"n": {"enum": [1, 2, 3]}}, "required": ["n"],
+             "additionalProperties": False}}}]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+CALL_A = '<tool_call>\n{"name": "set_unit", "arguments": {"unit": "c", "loud": true}}\n</tool_call>'
+CALL_B = '<tool_call>\n{"name": "beep", "arguments": {"n": 2}}\n</tool_call>'
+
+
+# ---- the calling convention ---------------------------------------------------------------------
+
+def test_the_convention_comes_from_the_template():
+    assert tool_format(HERMES_TEMPLATE).kind == "hermes"
+    assert tool_format(LLAMA3_TEMPLATE).kind == "llama3"
+    assert tool_format(HERMES_TEMPLATE, lambda t: t == "<tool_call>") == \
+        ToolFormat("hermes", special_open=True, special_close=False)
+    with pytest.raises(InputError, match="no tool support") as e:
+        tool_format(CHAT_TEMPLATE)
+    assert e.value.param == "tools"
+    # prose that mentions tools is not a template that reads them
+    with pytest.raises(InputError, match="no tool support"):
+        tool_format("{% for m in messages %}{{ m.content }} (tools <tool_call>){% endfor %}")
+    with pytest.raises(InputError, match="parses Qwen / Hermes"):
+        tool_format("{% if tools %}[TOOLS]{{ tools | tojson }}{% endif %}")
+    with pytest.raises(InputError, match="no chat template"):
+        tool_format(None)
+
+
+def test_the_history_of_a_round_trip_renders_with_object_arguments():
+    messages = [{"role": "user", "content": "set it"},
+                {"role": "assistant", "content": "", "tool_calls": [{
+                    "id": "call_1", "type": "function",
+                    "function": {"name": "set_unit", "arguments": '{"unit": "f", "loud": false}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "done"}]
+    text = render_with_tools(HERMES_TEMPLATE, messages, TOOLS, bos="<s>", eos="</s>")
+    # the arguments reach the template as an object: tojson writes them once, not as a string
+    assert '{"name": "set_unit", "arguments": {"unit": "f", "loud": false}}' in text
+    assert "<tool_response>\ndone\n</tool_response>" in text and text.endswith("assistant:")
+    assert json.dumps(TOOLS[0], ensure_ascii=False) in text
+
+
+# ---- the parser ---------------------------------------------------------------------------------
+
+def _parse_in_pieces(fmt, text, size):
+    p = ToolCallParser(fmt, TOOLS)
+    content, calls = [], []
+    for i in range(0, len(text), size):
+        c, k = p.feed(text[i:i + size])
+        content.append(c)
+        calls += k
+    c, k = p.finish()
+    return content + [c], calls + k
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 1000])
+def test_hermes_calls_parse_at_any_cut_and_no_tag_leaks_into_the_content(size):
+    text = "Sure.\n" + CALL_A + "\n" + CALL_B
+    pieces, calls = _parse_in_pieces(ToolFormat("hermes"), text, size)
+    assert "".join(pieces) == "Sure.\n"  # the blank between the calls is no content
+    assert not any("<" in piece for piece in pieces)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("set_unit", {"unit": "c", "loud": True}), ("beep", {"n": 2})]
+    assert len({c.id for c in calls}) == 2 and all(c.id.startswith("call_") for c in calls)
+
+
+def test_what_is_not_a_call_stays_text():
+    fmt = ToolFormat("hermes")
+    for text in ["a < b and <tool_ and <tool_call",                 # tags that never open
+                 '<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>',  # not a tool
+                 '<tool_call>\n{"name": "beep", "arguments": [1]}\n</tool_call>',  # not an object
+                 '<tool_call>\n{"name": "beep", "argu']:              # cut short
+        pieces, calls = _parse_in_pieces(fmt, text, 3)
+        assert calls == [] and "".join(pieces) == text, text
+    # small models' shapes under tool_choice auto: a ```json block, a reply that is the object
+    fenced = 'Sure.\n```json\n{\n  "name": "beep",\n  "arguments": {"n": 1}\n}\n```\nDone.'
+    pieces, calls = _parse_in_pieces(fmt, fenced, 3)
+    assert "".join(pieces) == "Sure.\n\nDone." and [c.name for c in calls] == ["beep"]
+    _, calls = _parse_in_pieces(fmt, '  {"name": "beep", "arguments": {"n": 3}}', 2)
+    assert [c.name for c in calls] == ["beep"]
+    for text in ['```json\n{"name": "beep", "arguments": {"n": 7}}\n```',  # invalid arguments
+                 'See {"name": "beep", "arguments": {"n": 1}}',  # an object inside prose
+                 '```json\n[1, 2]\n```', '```python\nprint(1)\n```']:
+        pieces, calls = _parse_in_pieces(fmt, text, 2)
+        assert calls == [] and "".join(pieces) == text, text
+    # arguments inside may hold anything JSON: tags, braces, quotes
+    echo = [{"type": "function", "function": {"name": "echo", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string"}}}}}]
+    _, calls = ToolCallParser(fmt, echo).feed(
+        '<tool_call>\n{"name": "echo", "arguments": {"s": "</tool_call> {\\"}"}}\n</tool_call>')
+    assert json.loads(calls[0].arguments) == {"s": '</tool_call> {"}'}
+
+
+def test_llama3_replies_are_one_json_call_or_text():
+    fmt = ToolFormat("llama3")
+    pieces, calls = _parse_in_pieces(
+        fmt, '<|python_tag|>{"name": "beep", "parameters": {"n": 1}}; '
+             '{"name": "set_unit", "parameters": {"unit": "f", "loud": false}}', 3)
+    assert "".join(pieces) == "" and [c.name for c in calls] == ["beep", "set_unit"]
+    pieces, calls = _parse_in_pieces(fmt, "It is {warm} today.", 2)
+    assert calls == [] and "".join(pieces) == "It is {warm} today."
+    pieces, calls = _parse_in_pieces(fmt, '{"x": 1} and more', 2)
+    assert calls == [] and "".join(pieces) == '{"x": 1} and more'
+    pieces, calls = _parse_in_pieces(fmt, '{"name": "beep", "parameters": {"n": 9}}', 2)
+    assert calls == [], "arguments that do not validate are no call"
+
+
+# ---- the grammar ---------------------------------------------------------------------------------
+
+def _walk(grammar: str, text: str) -> bool:
+    """Whether the grammar lets ``text`` through byte by byte and may end there."""
+    from llguidance import LLMatcher
+
+    m = LLMatcher(_byte_tokenizer(), grammar_spec("grammar", grammar).compiled, log_level=0)
+    return all(m.consume_token(b) for b in text.encode()) and m.is_accepting()
+
+
+def test_the_grammar_lets_through_exactly_the_valid_calls():
+    fmt = ToolFormat("hermes")
+    required = tool_grammar(fmt, TOOLS, "required")
+    assert _walk(required, CALL_A) and _walk(required, CALL_A + "\n" + CALL_B)
+    assert not _walk(required, "Sure. " + CALL_A)  # required: calls only
+    assert not _walk(required, CALL_A.replace('"c"', '"k"'))  # not in the enum
+    assert not _walk(required, CALL_A.replace(', "loud": true', ""))  # a required argument
+    assert not _walk(required, CALL_A.replace("set_unit", "reboot"))  # not a tool
+    assert not _walk(tool_grammar(fmt, TOOLS, "required", parallel=False),
+                     CALL_A + "\n" + CALL_B)
+    named = tool_grammar(fmt, TOOLS, {"type": "function", "function": {"name": "beep"}})
+    assert _walk(named, CALL_B) and not _walk(named, CALL_A)
+    auto = tool_grammar(fmt, TOOLS, "auto")
+    assert _walk(auto, "Just text.") and _walk(auto, "Let me.\n" + CALL_A)
+    assert not _walk(auto, "Let me.\n" + CALL_A.replace("true", '"yes"'))  # bound at the tag
+    llama = tool_grammar(ToolFormat("llama3"), TOOLS, "required")
+    assert _walk(llama, '{"name": "beep", "parameters": {"n": 3}}')
+    assert not _walk(llama, '{"name": "beep", "parameters": {"n": 4}}')
+    llama_auto = tool_grammar(ToolFormat("llama3"), TOOLS, "auto")
+    assert _walk(llama_auto, "Hello.") and not _walk(llama_auto, '{"x": 1}')
+
+
+# ---- the server on tiny models --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tools")
+    return {name: write_llama(d / f"{name}.gguf", seed=11, zero_output_rows=[EOS],
+                              chat_template=template)
+            for name, template in (("hermes", HERMES_TEMPLATE), ("llama3", LLAMA3_TEMPLATE),
+                                   ("plain", CHAT_TEMPLATE))}
+
+
+@pytest.fixture(scope="module")
+def server(files):
+    with LiveServer(files["hermes"], files["hermes"], "-t", "1", "-c", "1024", "-k", "4",
+                    "-n", "400", "--temp", "0.8") as s:
+        yield s
+    assert s.returncode == 0 and not any("Traceback" in ln for ln in s.stderr_lines)
+
+
+def ask(c, choice="required", **kw):
+    """One call (the tiny models almost never end by themselves: EOS's logit is 0, so with
+    parallel calls allowed they call until max_tokens)."""
+    return c.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}],
+                                     tools=TOOLS, tool_choice=choice, seed=kw.pop("seed", 1),
+                                     parallel_tool_calls=kw.pop("parallel_tool_calls", False),
+                                     **kw)
+
+
+def _validate(calls) -> None:
+    assert calls
+    for call in calls:
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_required_calls_validate_streamed_and_not(server):
+    c = client(server)
+    for seed in range(3):
+        r = ask(c, seed=seed)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        assert choice.message.content is None
+        _validate(choice.message.tool_calls)
+        assert r.model_extra["speculative"]["acceptance_rate"] > 0  # speculation stayed on
+    stream = list(ask(c, seed=0, stream=True))
+    deltas = [ch.choices[0].delta for ch in stream if ch.choices]
+    calls = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert [tc.index for tc in calls] == list(range(len(calls)))
+    assert all(tc.id.startswith("call_") and tc.type == "function" for tc in calls)
+    _validate(calls)
+    assert "".join(d.content or "" for d in deltas) == ""
+    assert stream[-1].choices[0].finish_reason == "tool_calls"
+    # streamed and not, the same seed gives the same calls
+    whole = ask(c, seed=0).choices[0].message.tool_calls
+    assert [(t.function.name, t.function.arguments) for t in whole] == \
+        [(t.function.name, t.function.arguments) for t in calls]
+
+
+def test_a_named_function_is_the_one_called_and_none_calls_nothing(server):
+    c = client(server)
+    r = ask(c, {"type": "function", "function": {"name": "beep"}})
+    calls = r.choices[0].message.tool_calls
+    assert [t.function.name for t in calls] == ["beep"]
+    _validate(calls)
+    r = ask(c, "none", max_tokens=8)
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "length"
+    assert isinstance(r.choices[0].message.content, str)
+
+
+def test_a_round_trip_sends_the_call_and_its_result_back(server):
+    c = client(server)
+    first = ask(c)
+    call = first.choices[0].message.tool_calls[0]
+    messages = [{"role": "user", "content": "go"},
+                first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": "ok"}]
+    second = c.chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=6,
+                                       tool_choice="none", seed=2)
+    assert second.choices[0].finish_reason == "length"
+    # the history (the call, re-rendered by the template, and its result) is part of the prompt;
+    # the tools stay in it under "none", so the first turn's prompt is reused from the cache
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + 20
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+
+def test_llama3_json_calls(files):
+    with LiveServer(files["llama3"], "-t", "1", "-c", "1024", "--drafter", "ngram", "-n", "400",
+                    "--temp", "0.8") as s:
+        r = ask(client(s))
+        assert r.choices[0].finish_reason == "tool_calls"
+        _validate(r.choices[0].message.tool_calls)
+    assert s.returncode == 0
+
+
+BAD = [
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "reboot"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools.0.function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "a"}},
+                {"type": "function", "function": {"name": "a"}}]}, "tools.1.function.name"),
+    ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
+    ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": 7}}}]},
+     "tools"),
+    ({"functions": [{"name": "a"}]}, "functions"),
+]
+
+
+@pytest.mark.parametrize("extra,param", BAD, ids=[p for _, p in BAD])
+def test_bad_tools_are_a_400_naming_the_field(server, extra, param):
+    body = {"messages": [{"role": "user", "content": "x"}], "tools": TOOLS, **extra}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_a_template_without_tools_is_a_400(files):
+    with LiveServer(files["plain"], "-t", "1", "--method", "none") as s:
+        with pytest.raises(openai.BadRequestError, match="no tool support"):
+            ask(client(s))
+    assert s.returncode == 0
