@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API over one engine (FastAPI; SSE streaming with sse-starlette).
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming and not),
+Routes: ``POST /v1/chat/completions`` (tool calls: server/tools.py), ``POST /v1/completions``
+(streaming and not; ``suffix``: fill in the middle), ``POST /infill`` (llama-server's, server/fim.py),
 ``GET /v1/models``, ``GET /health`` (503 while the models load), ``GET /metrics`` (Prometheus),
 ``GET /`` (the chat page, static files of the package), ``GET /docs`` and ``/openapi.json`` (the
 request schemas); llama-server's ``POST /completion``, ``/tokenize``, ``/detokenize``,
@@ -45,6 +46,7 @@ from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .native_api import NATIVE_PATHS, llama_error, router as native_router
 from .schemas import (ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt,
                       openai_param, to_request)
+from .fim import SuffixPlan, router as fim_router
 from .tools import ToolPlan
 from .worker import Job, QueueFullError, ShuttingDownError, Worker
 
@@ -168,6 +170,7 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
     _install_middleware(app, config, metrics)
     _install_error_handlers(app)
     app.include_router(native_router)  # llama-server's /completion, /tokenize, ...: native_api.py
+    app.include_router(fim_router)  # llama-server's /infill: fim.py
     static = resources.files("cactus_gguf.server") / "static"
     app.mount("/static", StaticFiles(directory=str(static)), name="static")
 
@@ -210,8 +213,9 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: HttpRequest):
-        return await _generate(request, body, completion_prompt(body), False, config, worker,
-                               metrics, redact)
+        fim = SuffixPlan.of(body)  # a suffix: fill in the middle
+        return await _generate(request, body, completion_prompt(body) if fim is None else None,
+                               False, config, worker, metrics, redact, plan=fim)
 
     return app
 

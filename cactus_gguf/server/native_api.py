@@ -56,7 +56,7 @@ from .worker import Job, ShuttingDownError
 __all__ = ["router", "NATIVE_PATHS", "llama_error", "LlamaCompletionRequest"]
 
 NATIVE_PATHS = frozenset({"/completion", "/completions", "/tokenize", "/detokenize",
-                          "/apply-template", "/props"})
+                          "/apply-template", "/props", "/infill"})  # /infill: server/fim.py
 
 # llama-server's error types by status (server-common.cpp: format_error_response)
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

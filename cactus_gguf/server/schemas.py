@@ -185,8 +185,6 @@ def unsupported(body: _Common) -> tuple[str, str] | None:
     if isinstance(body, CompletionRequest):
         if body.echo:
             return "echo", "echo is not supported by this server"
-        if body.suffix:
-            return "suffix", "suffix is not supported by this server"
         if body.best_of not in (None, 1):
             return "best_of", "only best_of=1 is supported"
     return None
