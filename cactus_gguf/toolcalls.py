@@ -1,5 +1,5 @@
-"""Tool calls: the prompt from a GGUF's own chat template with its ``tools``, the calls parsed out of
-the text a model writes, and the grammar that makes them valid.
+"""Tool calls: the prompt from a GGUF's own chat template with its ``tools``, the calls parsed out
+of the text a model writes, and the grammar that makes them valid.
 
 A chat template that supports tools reads a ``tools`` variable (OpenAI's list of
 ``{"type": "function", "function": {"name", "description", "parameters"}}``) and writes the

@@ -75,7 +75,8 @@ def test_the_history_of_a_round_trip_renders_with_object_arguments():
     messages = [{"role": "user", "content": "set it"},
                 {"role": "assistant", "content": "", "tool_calls": [{
                     "id": "call_1", "type": "function",
-                    "function": {"name": "set_unit", "arguments": '{"unit": "f", "loud": false}'}}]},
+                    "function": {"name": "set_unit",
+                                 "arguments": '{"unit": "f", "loud": false}'}}]},
                 {"role": "tool", "tool_call_id": "call_1", "content": "done"}]
     text = render_with_tools(HERMES_TEMPLATE, messages, TOOLS, bos="<s>", eos="</s>")
     # the arguments reach the template as an object: tojson writes them once, not as a string
@@ -181,7 +182,7 @@ def test_the_grammar_lets_through_exactly_the_valid_calls():
     assert _walk(llama_auto, "Hello.") and not _walk(llama_auto, '{"x": 1}')
 
 
-# ---- the server on tiny models --------------------------------------------------------------------
+# ---- the server on tiny models ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):

@@ -160,8 +160,8 @@ class ToolPlan:
     def prepare(self, engine, req):
         """(prompt text, Request) for the engine: the messages rendered with the GGUF's chat
         template and the tools, and ``req`` with the reply's grammar (tool_choice "none": text
-        that opens no call). InputError: a template without tool support, a request that also gives its own
-        output constraint."""
+        that opens no call). InputError: a template without tool support, a request that also
+        gives its own output constraint."""
         model = engine.verifier.model
         template = model.chat_template()
         if self.tools:
