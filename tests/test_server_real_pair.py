@@ -83,3 +83,75 @@ def test_response_format_json_schema_through_the_openai_client(real_server):
     r = c.completions.create(model=model, prompt="The answer (yes or no) is:", max_tokens=5,
                              extra_body={"grammar": 'root ::= " yes" | " no"'})
     assert r.choices[0].text in (" yes", " no") and r.choices[0].finish_reason == "stop"
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+
+
+def test_a_tool_call_round_trip_through_the_openai_client(real_server):
+    """Call (tool_choice auto, streamed; required, not), tool result, answer: the real pair's own
+    chat template renders the tools and the history, every call validates, speculation is on."""
+    import jsonschema
+
+    c = client(real_server)
+    model = c.models.list().data[0].id
+    msg = [{"role": "user", "content": "What is the weather in Paris right now, in celsius?"}]
+    chunks = list(c.chat.completions.create(model=model, messages=msg, tools=[WEATHER],
+                                            max_tokens=48, temperature=0, stream=True))
+    calls = [tc for ch in chunks if ch.choices for tc in ch.choices[0].delta.tool_calls or []]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls" and calls
+    required = c.chat.completions.create(model=model, messages=msg, tools=[WEATHER],
+                                         tool_choice="required", parallel_tool_calls=False,
+                                         max_tokens=48, temperature=0)
+    assert required.choices[0].finish_reason == "tool_calls"
+    calls += required.choices[0].message.tool_calls
+    for call in calls:
+        assert call.function.name == "get_weather" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments),
+                            WEATHER["function"]["parameters"])
+    assert required.model_extra["speculative"]["acceptance_rate"] > 0.3
+    call = required.choices[0].message.tool_calls[0]
+    msg += [required.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'}]
+    answer = c.chat.completions.create(model=model, messages=msg, tools=[WEATHER],
+                                       tool_choice="none", max_tokens=12, temperature=0)
+    assert answer.choices[0].message.tool_calls is None and answer.choices[0].message.content
+    # the tools and the first turn stay the prompt's prefix: reused from the KV cache
+    assert answer.usage.prompt_tokens_details.cached_tokens >= required.usage.prompt_tokens - 1
+
+
+FIB_PREFIX, FIB_SUFFIX = "def fibonacci(n):\n    ", "\n\nprint(fibonacci(10))\n"
+
+
+def test_infill_as_llama_vscode_sends_it_fills_the_gap(real_server):
+    """llama.vscode's /infill request (src/llama-server.ts: createRequestPayload; a ring-buffer
+    chunk in input_extra): the middle makes the file valid Python."""
+    import ast
+
+    import httpx
+
+    body = {"input_prefix": FIB_PREFIX, "input_suffix": FIB_SUFFIX, "input_extra": [
+        {"filename": "math_utils.py", "text": "def factorial(n):\n    if n < 2:\n        "
+                                              "return 1\n    return n * factorial(n - 1)\n"}],
+            "prompt": "", "n_predict": 48, "top_k": 40, "top_p": 0.99, "stream": False,
+            "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
+            "t_max_prompt_ms": 500, "t_max_predict_ms": 60000, "n_indent": 4, "seed": 0}
+    a = httpx.post(real_server.url + "/infill", json=body, timeout=600).json()
+    assert a["content"].strip() and a["stop_type"] in ("eos", "limit")
+    ast.parse(FIB_PREFIX + a["content"] + FIB_SUFFIX)
+    assert a["timings"]["draft_n_accepted"] > 0
+
+
+def test_completions_with_a_suffix_fill_the_gap(real_server):
+    import ast
+
+    c = client(real_server)
+    prefix, suffix = "def is_even(n):\n    ", "\n\nassert is_even(4)\n"
+    r = c.completions.create(model=c.models.list().data[0].id, prompt=prefix, suffix=suffix,
+                             max_tokens=32, temperature=0)
+    assert r.choices[0].finish_reason == "stop" and "%" in r.choices[0].text
+    ast.parse(prefix + r.choices[0].text + suffix)
