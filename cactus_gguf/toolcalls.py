@@ -46,6 +46,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FENCE, FENCE_END = "```json", "```"  # a Markdown JSON block: how small models also write calls
 PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
+BLANK = "BLANK: /[ \\t\\n]{1,2}/\n"  # at most two: a model must not pad forever
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,8 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[dict], choice: str | dict,
     one["x-guidance"] = JSON_OPTIONS
     body = "%json " + json.dumps(one, ensure_ascii=False)
     head = "%llguidance {}\n"
+    # blanks may end a reply of calls: a model that writes a newline after its last call would
+    # otherwise be held to another call (Qwen2.5-Coder does, calling until max_tokens)
     if fmt.kind == LLAMA3:
         # a reply is a call, or text that does not start with "{"
         text = 'TEXT: /([ \\t\\n]*[^{ \\t\\n](.|\\n)*)?/\n'
@@ -169,7 +172,7 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[dict], choice: str | dict,
             return head + "start: TEXT\n" + text
         if choice == "auto":
             return head + f"start: call | TEXT\ncall: {body}\n" + text
-        return head + f"start: {body}\n"
+        return head + f"start: {body} BLANK?\n" + BLANK
     open_ = OPEN if fmt.special_open else json.dumps(OPEN)
     close = CLOSE if fmt.special_close else json.dumps(CLOSE)
     call = f'call: {open_} "\\n" {body} "\\n" {close}\n'
@@ -188,7 +191,7 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[dict], choice: str | dict,
                     f"opening[lazy]: TEXT {open_}\n")
         return head + f"start: {calls} TEXT\n" + call + text
     more = ' ("\\n" call)*' if parallel else ""
-    return head + f"start: call{more}\n" + call
+    return head + f"start: call{more} BLANK?\n" + call + BLANK
 
 
 def _regex(text: str) -> str:

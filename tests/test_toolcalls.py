@@ -164,6 +164,7 @@ def test_the_grammar_lets_through_exactly_the_valid_calls():
     fmt = ToolFormat("hermes")
     required = tool_grammar(fmt, TOOLS, "required")
     assert _walk(required, CALL_A) and _walk(required, CALL_A + "\n" + CALL_B)
+    assert _walk(required, CALL_A + "\n") and _walk(required, CALL_A + "\n" + CALL_B + "\n\n")
     assert not _walk(required, "Sure. " + CALL_A)  # required: calls only
     assert not _walk(required, CALL_A.replace('"c"', '"k"'))  # not in the enum
     assert not _walk(required, CALL_A.replace(', "loud": true', ""))  # a required argument
