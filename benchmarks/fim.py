@@ -66,7 +66,9 @@ def main() -> None:
                                 n_batch=ctx.n_batch, n_ctx=ctx.n_ctx, n_predict=args.n_predict)
             engine.reset()
             t0 = time.perf_counter()
-            warm = engine.generate(ids, n_predict=1, seed=i)  # the file into both caches
+            # the file into both caches (k fixed: under -k auto the draft's prompt is decoded
+            # only once drafting pays, and the first speculative configuration would pay it)
+            warm = engine.generate(ids, n_predict=1, seed=i, k=K)
             cold_s = time.perf_counter() - t0
             for name, config in CONFIGS.items():
                 r = engine.generate(ids, seed=i, **config)

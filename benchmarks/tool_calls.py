@@ -5,7 +5,8 @@
 Starts ``cactus-gguf serve`` on the registry's default pair (its sampling: temperature 0.6,
 top-k 20, top-p 0.95; k auto) and sends sampled chat requests with tools, a different seed each:
 four questions over three tool sets (weather with an enum, arithmetic with numbers, a search
-with optional and array arguments), tool_choice alternately "auto" and "required". Every call
+with optional and array arguments), each asked in turn, the rounds alternately under
+tool_choice "auto" and "required". Every call
 returned is checked with the jsonschema package against its tool's parameters. An "auto" request
 may also answer in text (counted apart).
 
@@ -95,7 +96,7 @@ def main() -> None:
         model = client.models.list().data[0].id
         for i in range(args.requests):
             question, tools = QUESTIONS[i % len(QUESTIONS)]
-            choice = "auto" if i % 2 == 0 else "required"
+            choice = "auto" if (i // len(QUESTIONS)) % 2 == 0 else "required"
             schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
             t0 = time.perf_counter()
             r = client.chat.completions.create(
