@@ -1,16 +1,16 @@
 """Fill-in-the-middle per completion, as an editor asks: none / sps / cactus / ngram / hybrid.
 
     python benchmarks/fim.py [--cases benchmarks/prompts/fim.jsonl] [--limit N] [-n 32]
-                             [-t THREADS] [-o benchmarks/results/fim]
+                             [--sampling editor|greedy] [-t THREADS] [-o benchmarks/results/fim]
 
 Each case of the set (cut from this repository's code by prompts/make_fim.py) becomes the prompt
 /infill builds (cactus_gguf/fim.py: llama-server's layout, trimmed to the batch as there), on the
 registry's default pair with llama.vscode's sampling (top-k 40, top-p 0.99, no temperature
-sampler: T = 1; a fixed seed per case). Before the configurations run, one untimed request of
-one token puts the file into both KV caches, as an editor's earlier completions of the same file
-(and llama.vscode's warm-up request) do; each configuration's completion then reuses all of it
-but the last token, so its time to first token is the first step's, not a prefill (the cold
-prefill is reported apart). Configurations: the verifier alone (none), SpS and the pair's Cactus
+sampler: T = 1; a fixed seed per case), or greedy (``--sampling greedy``). Before the
+configurations run, one untimed request of one token puts the file into both KV caches, as an
+editor's earlier completions of the same file (and llama.vscode's warm-up request) do; each
+configuration's completion then reuses all of it but the last token, so its time to first token
+is the first step's, not a prefill (the cold prefill is reported apart). Configurations: the verifier alone (none), SpS and the pair's Cactus
 rule with the draft model, and the Cactus rule with prompt lookup (ngram) and with both (hybrid);
 k = 4 for all (the pair's -k auto decides per machine whether drafting pays, and on a busy one
 may not draft at all, which would compare nothing).
@@ -35,7 +35,8 @@ from cactus_gguf.registry import load_registry, resolve_model
 K = 4  # a fixed draft length: -k auto, on a loaded machine, may decide not to draft at all
 CONFIGS = {"none": {"method": "none"}, "sps": {"method": "sps", "k": K}, "cactus": {"k": K},
            "ngram": {"drafter": "ngram", "k": K}, "hybrid": {"drafter": "hybrid", "k": K}}
-EDITOR = {"top_k": 40, "top_p": 0.99, "min_p": 0.0, "temperature": 1.0}  # llama.vscode
+SAMPLING = {"editor": {"top_k": 40, "top_p": 0.99, "min_p": 0.0, "temperature": 1.0},
+            "greedy": {"temperature": 0.0}}  # editor: llama.vscode's
 
 
 def first_line(text: str) -> str:
@@ -47,6 +48,7 @@ def main() -> None:
     ap.add_argument("--cases", default="benchmarks/prompts/fim.jsonl")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("-n", "--n-predict", type=int, default=32)
+    ap.add_argument("--sampling", choices=sorted(SAMPLING), default="editor")
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("-o", "--output", default="benchmarks/results/fim")
     args = ap.parse_args()
@@ -55,7 +57,8 @@ def main() -> None:
     cases = cases[:args.limit] if args.limit else cases
     pair = load_registry().default_pair
     ver, dft = resolve_model(pair.verifier), resolve_model(pair.draft)
-    defaults = Request(**{**pair.settings, **EDITOR, "n_predict": args.n_predict})
+    defaults = Request(**{**pair.settings, **SAMPLING[args.sampling],
+                          "n_predict": args.n_predict})
     load = LoadOptions(n_ctx=4096, n_threads=args.threads)
     rows = []
     with Engine(ver, dft, load, defaults=defaults) as engine:
@@ -102,9 +105,9 @@ def main() -> None:
             "first_line_right": sum(r["first_line_right"] for r in mine) / len(mine)})
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"pair": pair.name, "settings": {**pair.settings, **EDITOR, "k": K,
-                                              "n_predict": args.n_predict, "n_ctx": 4096,
-                                              "n_threads": args.threads},
+    report = {"pair": pair.name, "sampling": args.sampling,
+              "settings": {**pair.settings, **SAMPLING[args.sampling], "k": K,
+                           "n_predict": args.n_predict, "n_ctx": 4096, "n_threads": args.threads},
               "cases": args.cases, "machine": machine_facts(), "build": build_facts(),
               "cold_prefill_ms_mean": statistics.mean(r["cold_prefill_ms"] for r in rows),
               "summary": summary, "completions": rows}
@@ -119,8 +122,9 @@ def main() -> None:
                   f"{s['first_line_right']:.0%} |")
     m = report["machine"]
     md += ["", f"{len(cases)} cases of {args.cases}, means per completion; default pair "
-               f"{pair.name} (Cactus: its rule), k = {K}, llama.vscode's sampling (top-k 40, "
-               f"top-p 0.99, T = 1), n_predict "
+               f"{pair.name} (Cactus: its rule), k = {K}, "
+               + ("llama.vscode's sampling (top-k 40, top-p 0.99, T = 1)"
+                  if args.sampling == "editor" else "greedy") + ", n_predict "
                f"{args.n_predict}, the file already in the KV caches (cold prefill of the "
                f"prompt: {report['cold_prefill_ms_mean']:.0f} ms on average, "
                f"{statistics.mean(len_ for len_ in (r['prompt_tokens'] for r in rows)):.0f} "
