@@ -41,7 +41,8 @@ from sse_starlette.sse import EventSourceResponse
 from ..errors import CactusError, InputError
 from ..fim import ExtraChunk, infill_prompt
 from .native_api import (LlamaRoute, _error_event, _not_ready, _stop_type as completion_stop_type,
-                         _stopping_word, generation_settings, llama_error_of, timings)
+                         _stopping_word, generation_settings, llama_error_of, response_fields,
+                         timings)
 from .schemas import _Common, completion_prompt, to_request
 from .worker import Job, ShuttingDownError
 
@@ -219,26 +220,8 @@ class _Infill:
                "tokens_cached": self.n_prompt + s.n_tokens, "timings": timings(s),
                "speculative": self.speculative(result)}
         if self.body.response_fields:
-            return _nested(out, self.body.response_fields)
+            return response_fields(out, self.body.response_fields, key_by_path=True)
         return out
-
-
-def _nested(obj: dict, paths: list[str]) -> dict:
-    """llama-server's ``response_fields`` (json_get_nested_values): each path that exists, keyed
-    by the path itself (``"timings/prompt_n"``: what llama.vim reads); a missing one is left
-    out."""
-    out = {}
-    for path in paths:
-        value, ok = obj, True
-        for key in path.split("/"):
-            if isinstance(value, dict) and key in value:
-                value = value[key]
-            else:
-                ok = False
-                break
-        if ok:
-            out[path] = value
-    return out
 
 
 def _prepare(body: InfillRequest, engine, defaults):

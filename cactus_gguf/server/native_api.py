@@ -216,9 +216,11 @@ def _stopping_word(result) -> str:
         return ""
 
 
-def response_fields(obj: dict, paths: list[str]) -> dict:
-    """llama-server's ``response_fields``: each path that exists; ``a/b`` moves ``obj[a][b]`` to
-    the top under the key ``b`` (json_get_nested_values)."""
+def response_fields(obj: dict, paths: list[str], key_by_path: bool = False) -> dict:
+    """llama-server's ``response_fields`` (json_get_nested_values): each path that exists; a
+    missing one is left out. ``a/b`` moves ``obj[a][b]`` to the top under the key ``b`` (the
+    completion endpoints), or under the key ``"a/b"`` itself with ``key_by_path`` (/infill:
+    what llama.vim reads as ``"timings/prompt_n"``)."""
     out = {}
     for path in paths:
         value, found = obj, True
@@ -229,7 +231,7 @@ def response_fields(obj: dict, paths: list[str]) -> dict:
                 found = False
                 break
         if found:
-            out[path.split("/")[-1]] = value
+            out[path if key_by_path else path.split("/")[-1]] = value
     return out
 
 
