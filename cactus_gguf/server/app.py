@@ -30,7 +30,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
@@ -348,6 +348,40 @@ class _Watch:
             if event is not None:
                 return event
 
+    async def started(self, failed: Callable[[BaseException], Response]) -> Response | None:
+        """Waits for the job's first event: None once it has started, else the answer:
+        ``failed(e)`` of the error that ended it before it started, a 499 when the client
+        left first."""
+        try:
+            kind, payload = await self.next_event()
+        except _ClientGone:
+            return Response(status_code=499)
+        return failed(payload) if kind == "error" else None
+
+    async def answer(self, done: Callable[[str, Any], Response],
+                     failed: Callable[[BaseException], Response],
+                     cut_short: Callable[[ShuttingDownError], Response],
+                     piece: Callable[[Any], str] = lambda chunk: chunk.text) -> Response:
+        """The answer to a request that is not streamed, once its job ends: ``done(text,
+        result)`` of the chunks' ``piece(chunk)`` joined and the GenerationResult;
+        ``failed(e)`` of the engine's error; ``cut_short(e)`` of a ShuttingDownError (code
+        ``server_shutdown``, the count of tokens sent) when the server's shutdown cut the reply
+        short; a 499 when the client left first."""
+        text = []
+        try:
+            while True:
+                kind, payload = await self.next_event()
+                if kind == "chunk":
+                    text.append(piece(payload))
+                elif kind == "done":
+                    if self.job.stopped_by == "shutdown":
+                        return cut_short(ShuttingDownError(_cut_short(payload)))
+                    return done("".join(text), payload)
+                elif kind == "error":
+                    return failed(payload)
+        except _ClientGone:
+            return Response(status_code=499)
+
 
 def _engine_error(payload, redact, body) -> JSONResponse:
     return error_of(payload, redact, body) if isinstance(payload, CactusError) else error(
@@ -383,12 +417,9 @@ async def _generate(request: HttpRequest, body, prompt, chat: bool, config: Serv
     except QueueFullError as e:
         return error_of(e)
     watch = _Watch(job, request)
-    try:
-        kind, payload = await watch.next_event()
-    except _ClientGone:
-        return Response(status_code=499)
-    if kind == "error":
-        return _engine_error(payload, redact, body)
+    refused = await watch.started(lambda e: _engine_error(e, redact, body))
+    if refused is not None:
+        return refused
     shape = _Shape(chat, config.model_id, req, plan.reply() if plan is not None else None)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -397,20 +428,8 @@ async def _generate(request: HttpRequest, body, prompt, chat: bool, config: Serv
         # the worker's grace runs and the stream sends its own last event
         return EventSourceResponse(_sse(job, request, shape, include_usage, metrics, redact),
                                    ping=15, shutdown_grace_period=config.shutdown_grace + 5)
-    text = []
-    try:
-        while True:
-            kind, payload = await watch.next_event()
-            if kind == "chunk":
-                text.append(payload.text)
-            elif kind == "done":
-                if job.stopped_by == "shutdown":
-                    return error_of(ShuttingDownError(_cut_short(payload)))
-                return shape.response("".join(text), payload, job.stopped_by)
-            else:
-                return _engine_error(payload, redact, body)
-    except _ClientGone:
-        return Response(status_code=499)
+    return await watch.answer(lambda text, result: shape.response(text, result, job.stopped_by),
+                              lambda e: _engine_error(e, redact, body), error_of)
 
 
 def _cut_short(result) -> str:

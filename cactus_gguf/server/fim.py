@@ -34,7 +34,6 @@ import time
 from typing import Any, Union
 
 from fastapi import APIRouter, Request as HttpRequest
-from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
@@ -255,7 +254,7 @@ router = APIRouter(route_class=LlamaRoute)  # llama-server's errors (native_api.
 async def infill(body: InfillRequest, request: HttpRequest):
     """llama-server's ``/infill`` (module docstring): the FIM prompt, the job, and the answer,
     streamed or not. Errors are llama-server's JSON."""
-    from .app import _ClientGone, _cut_short, _Shape, _Watch
+    from .app import _cut_short, _Shape, _Watch
 
     state = request.app.state
     config, worker, metrics, redact = state.config, state.worker, state.metrics, state.redact
@@ -315,18 +314,6 @@ async def infill(body: InfillRequest, request: HttpRequest):
 
         return EventSourceResponse(events(), ping=15,
                                    shutdown_grace_period=config.shutdown_grace + 5)
-    watch = _Watch(job, request)
-    text = []
-    try:
-        while True:
-            kind, payload = await watch.next_event()
-            if kind == "chunk":
-                text.append(take(payload))
-            elif kind == "done":
-                if job.stopped_by == "shutdown":
-                    return llama_error_of(ShuttingDownError(_cut_short(payload)), redact)
-                return shape.final("".join(text), payload, limits, stopped(job))
-            elif kind == "error":
-                return llama_error_of(payload, redact, body)
-    except _ClientGone:
-        return Response(status_code=499)
+    return await _Watch(job, request).answer(
+        lambda text, result: shape.final(text, result, limits, stopped(job)),
+        lambda e: llama_error_of(e, redact, body), lambda e: llama_error_of(e, redact), take)

@@ -330,7 +330,7 @@ def _not_ready(worker, redact) -> JSONResponse | None:
 @router.post("/completion")
 @router.post("/completions")
 async def completion(body: LlamaCompletionRequest, request: HttpRequest):
-    from .app import _ClientGone, _Shape, _Watch, _cut_short
+    from .app import _Shape, _Watch
 
     state = request.app.state
     config, worker, metrics, redact = state.config, state.worker, state.metrics, state.redact
@@ -350,30 +350,16 @@ async def completion(body: LlamaCompletionRequest, request: HttpRequest):
               deadline=time.perf_counter() + config.request_timeout)
     worker.submit(job)  # a full queue: QueueFullError, a 503 (LlamaRoute)
     watch = _Watch(job, request)
-    try:
-        kind, payload = await watch.next_event()
-    except _ClientGone:
-        return Response(status_code=499)
-    if kind == "error":
-        return llama_error_of(payload, redact, body)
+    refused = await watch.started(lambda e: llama_error_of(e, redact, body))
+    if refused is not None:
+        return refused
     if body.stream:
         request.state.counted_by_stream = True  # its status is known only at its end
         return EventSourceResponse(_events(job, request, shape, metrics, redact), ping=15,
                                    shutdown_grace_period=config.shutdown_grace + 5)
-    text = []
-    try:
-        while True:
-            kind, payload = await watch.next_event()
-            if kind == "chunk":
-                text.append(payload.text)
-            elif kind == "done":
-                if job.stopped_by == "shutdown":
-                    return llama_error_of(ShuttingDownError(_cut_short(payload)), redact)
-                return shape.final("".join(text), payload, job.stopped_by)
-            else:
-                return llama_error_of(payload, redact, body)
-    except _ClientGone:
-        return Response(status_code=499)
+    return await watch.answer(lambda text, result: shape.final(text, result, job.stopped_by),
+                              lambda e: llama_error_of(e, redact, body),
+                              lambda e: llama_error_of(e, redact))
 
 
 def _error_event(e, redact) -> dict:
