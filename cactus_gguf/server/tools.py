@@ -13,7 +13,7 @@ residual alike (README "Structured output").
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Union
+from typing import Any, Generic, Literal, TypeVar, Union
 
 import llama_cpp
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -24,41 +24,47 @@ from ..toolcalls import ToolCallParser, ToolFormat, render_with_tools, tool_form
 __all__ = ["ToolPlan", "ToolReply"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's function names
+_F = TypeVar("_F")
 
 
-class _Function(BaseModel):
+class _Strict(BaseModel):
+    """A part of a request: unknown fields and coerced values are refused."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Function(_Strict):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class _Tool(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    type: Literal["function"]
-    function: _Function
-
-
-class _Named(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class _Named(_Strict):
     name: str
 
 
-class _NamedChoice(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class _OfFunction(_Strict, Generic[_F]):
+    """OpenAI's ``{"type": "function", "function": {...}}`` around a function's model."""
+
     type: Literal["function"]
-    function: _Named
+    function: _F
 
 
-class _CalledFunction(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class _Tool(_OfFunction[_Function]):
+    """One of ``tools``."""
+
+
+class _NamedChoice(_OfFunction[_Named]):
+    """A ``tool_choice`` that names the function to call."""
+
+
+class _CalledFunction(_Strict):
     name: str
     arguments: str
 
 
-class _Call(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class _Call(_Strict):
     id: str | None = None
     type: Literal["function"] = "function"
     function: _CalledFunction
