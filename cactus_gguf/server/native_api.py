@@ -86,9 +86,18 @@ def llama_error_of(e: BaseException, redact: Callable[[str], str], body=None) ->
                        headers={"Retry-After": "1"} if e.http_status == 503 else None)
 
 
+class _Refused(Exception):
+    """The engine cannot take a request (:func:`_engine`): ``response`` is llama-server's answer
+    saying why, which LlamaRoute sends."""
+
+    def __init__(self, response: JSONResponse) -> None:
+        super().__init__("the engine cannot take a request")
+        self.response = response
+
+
 class LlamaRoute(APIRoute):
     """A route whose errors are llama-server's JSON: an invalid body (naming the field), an input
-    or engine error, anything unexpected (500, one line)."""
+    or engine error, anything unexpected (500, one line); an engine not ready: _Refused's."""
 
     def get_route_handler(self):
         handler = super().get_route_handler()
@@ -107,6 +116,8 @@ class LlamaRoute(APIRoute):
                 if str(first.get("type", "")).endswith("_type") and "input" in first:
                     message += f", got {json.dumps(first['input'], default=str)[:60]}"
                 return llama_error(400, message, param=name)
+            except _Refused as e:
+                return e.response
             except Exception as e:  # noqa: BLE001 - every failure answers as llama-server does
                 return llama_error_of(e, request.app.state.redact)
 
@@ -421,10 +432,13 @@ class DetokenizeRequest(BaseModel):
 
 
 def _engine(request: HttpRequest):
-    """The loaded engine, or the llama-server answer saying why there is none."""
+    """The loaded engine. Raises _Refused with llama-server's answer saying why there is none
+    (:func:`_not_ready`)."""
     worker = request.app.state.worker
     refused = _not_ready(worker, request.app.state.redact)
-    return (None, refused) if refused is not None else (worker.engine, None)
+    if refused is not None:
+        raise _Refused(refused)
+    return worker.engine
 
 
 def _piece_json(piece: bytes) -> str | list[int]:
@@ -444,10 +458,7 @@ def _check_ids(ids: list[int], n_vocab: int, field: str) -> None:
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: HttpRequest):
-    engine, refused = _engine(request)
-    if refused is not None:
-        return refused
-    model = engine.verifier.model
+    model = _engine(request).verifier.model
     content, ids = body.content, []
     for i, part in enumerate([content] if isinstance(content, str) else content or []):
         if isinstance(part, str):
@@ -464,10 +475,7 @@ async def tokenize(body: TokenizeRequest, request: HttpRequest):
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: HttpRequest):
-    engine, refused = _engine(request)
-    if refused is not None:
-        return refused
-    model = engine.verifier.model
+    model = _engine(request).verifier.model
     ids = body.tokens or []
     _check_ids(ids, model.n_vocab, "tokens")
     return {"content": model.detokenize(ids, special=True)}
@@ -475,9 +483,7 @@ async def detokenize(body: DetokenizeRequest, request: HttpRequest):
 
 @router.post("/apply-template")
 async def apply_template(body: ChatCompletionRequest, request: HttpRequest):
-    engine, refused = _engine(request)
-    if refused is not None:
-        return refused
+    engine = _engine(request)
     tools = getattr(body, "tools", None) or (body.model_extra or {}).get("tools")
     if tools:  # the prompt would differ from the one a chat request with them is given
         raise InputError("tools: /apply-template renders messages only; send the request to "
@@ -493,9 +499,7 @@ async def props(request: HttpRequest):
 
     from ..options.rule import rule_of
 
-    engine, refused = _engine(request)
-    if refused is not None:
-        return refused
+    engine = _engine(request)
     config = request.app.state.config
     model, defaults = engine.verifier.model, config.defaults
 
