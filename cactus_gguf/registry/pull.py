@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from . import hub, pypi
 from .cache import cache_dir, offline_variables
@@ -17,6 +18,8 @@ from .errors import ChecksumError, DownloadError, RegistryError
 from .schema import ModelEntry, PairEntry, PullResult, Registry, Source, load_registry
 
 __all__ = ["pull_model", "pull", "is_cached", "resolve_model", "resolve_pair"]
+
+T = TypeVar("T")
 
 
 def pull_model(name: str, *, progress: bool = True, registry: Registry | None = None) -> Path:
@@ -133,21 +136,31 @@ def _pull_entry_unchecked(model: ModelEntry, *, progress: bool) -> PullResult:
         hit = _cached(model, src, progress=progress)
         if hit is not None:
             return hit
-    # 2. Offline: nothing else may be tried.
+    # 2. Unless offline, fetch, sources in order.
+    return _from_sources(model, lambda src: _fetch(model, src, progress=progress))
+
+
+def _from_sources(model: ModelEntry, fetch: Callable[[Source], T], *, checksum: bool = True) -> T:
+    """``fetch(src)`` of the first of ``model``'s sources, in order, that delivers: a source
+    whose fetch raises DownloadError falls through to the next.
+
+    Raises RegistryError when offline mode is on (no source is tried: :func:`_offline_error`);
+    the DownloadError of a lone source; else one DownloadError listing every source's error, a
+    ChecksumError when each of them was one (unless ``checksum`` is False).
+    """
     variables = offline_variables()
     if variables:
         raise _offline_error(model, variables)
-    # 3. Fetch, sources in order; a failed source falls through to the next.
     errors: list[DownloadError] = []
     for src in model.sources:
         try:
-            return _fetch(model, src, progress=progress)
+            return fetch(src)
         except DownloadError as e:
             errors.append(e)
     if len(errors) == 1:
         raise errors[0]
     msg = f"{model.name}: every source failed: " + " | ".join(str(e) for e in errors)
-    if all(isinstance(e, ChecksumError) for e in errors):
+    if checksum and all(isinstance(e, ChecksumError) for e in errors):
         raise ChecksumError(msg)
     raise DownloadError(msg)
 
