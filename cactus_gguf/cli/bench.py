@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from . import exit_interrupted, model_command, report_error
+from .group import exit_interrupted, model_command, report_error
 from .params import given
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from ..text import columns
-from . import main
+from .group import main
 from .params import schema_options
 
 

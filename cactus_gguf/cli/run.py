@@ -8,7 +8,8 @@ import click
 from ..errors import CactusError
 from ..options import CONSTRAINTS
 from ..options.rule import rule_words
-from . import exit_interrupted, fail, interrupt_pending, model_command, report_error
+from .group import (exit_interrupted, fail, interrupt_pending, model_command,
+                    report_error)
 from .params import given
 
 

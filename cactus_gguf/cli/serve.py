@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..errors import CactusError
-from . import fail, model_command, report_error
+from .group import fail, model_command, report_error
 from .params import flag_of, given
 
 if TYPE_CHECKING:
