@@ -8,10 +8,10 @@ device memory, sequence removal on the device, host/device synchronisation aroun
 
 ``gpu_build("vulkan")`` installs the Debian packages it needs when missing (``DEBIAN_PACKAGES``),
 then compiles the llama.cpp source of the llama-cpp-python sdist (downloaded with pip, or the one
-given) with ``-DGGML_VULKAN=ON``: the shared libraries libllama, libggml*, libggml-vulkan. It runs
-once per backend, llama-cpp-python version and flag set, cached in
-``~/.cache/cactus-gguf/gpu-build/<backend>-<version>-<flags hash>/`` (``$CACTUS_GGUF_CACHE`` moves
-it). A process runs cactus-gguf on it with ``LLAMA_CPP_LIB_PATH=<build>/lib`` (llama-cpp-python
+given; the product's steps, cactus_gguf/llama/build.py) with ``-DGGML_VULKAN=ON``: the shared
+libraries libllama, libggml*, libggml-vulkan. It runs once per backend, llama-cpp-python version
+and flag set, cached in ``~/.cache/cactus-gguf/gpu-build/<backend>-<version>-<flags hash>/``
+(``$CACTUS_GGUF_CACHE`` moves it). A process runs cactus-gguf on it with ``LLAMA_CPP_LIB_PATH=<build>/lib`` (llama-cpp-python
 reads it when it loads libllama, once per process) and, for Vulkan, ``GGML_VK_VISIBLE_DEVICES=0``
 (ggml-vulkan skips devices of type CPU unless they are named, and lavapipe is one) and
 ``CACTUS_GGUF_LAVAPIPE_WARMUP=1``: each context on lavapipe first makes the warm-up that keeps
@@ -32,11 +32,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from cactus_gguf.llama.build import cache_root, cmake_build_vendored
 
 __all__ = ["GpuBuild", "gpu_build", "BACKEND_FLAGS", "DEBIAN_PACKAGES"]
 
@@ -69,22 +69,6 @@ class GpuBuild:
             # when asked for, and only contexts whose layers are on lavapipe make it
             env.setdefault("CACTUS_GGUF_LAVAPIPE_WARMUP", "1")
         return {**env, **extra}
-
-
-def _cache_root() -> Path:
-    base = os.environ.get("CACTUS_GGUF_CACHE")
-    return Path(base) if base else Path.home() / ".cache" / "cactus-gguf"
-
-
-def _run(cmd: list[str], log: Path) -> None:
-    with open(log, "a") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if r.returncode != 0:
-        tail = log.read_text(errors="replace").splitlines()[-30:]
-        raise RuntimeError(f"{cmd[0]} failed ({r.returncode}); last lines of {log}:\n"
-                           + "\n".join(tail))
 
 
 def missing_packages(backend: str) -> list[str]:
@@ -147,7 +131,7 @@ def gpu_build(backend: str = "vulkan", sdist: Path | None = None,
     ver = version("llama-cpp-python")
     flags = COMMON_FLAGS + BACKEND_FLAGS[backend]
     key = hashlib.sha256(" ".join(flags).encode()).hexdigest()[:8]
-    root = _cache_root() / "gpu-build" / f"{backend}-{ver}-{key}"
+    root = cache_root() / "gpu-build" / f"{backend}-{ver}-{key}"
     lib, done = root / "lib", root / "DONE"
     if done.exists() and (lib / _BACKEND_LIB[backend]).exists():
         return GpuBuild(backend, lib, float(done.read_text().split()[1]))
@@ -156,26 +140,15 @@ def gpu_build(backend: str = "vulkan", sdist: Path | None = None,
     log = root / "build.log"
     log.write_text("")
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"cactus-{backend}-") as tmp:
-        tmp = Path(tmp)
-        if sdist is None:
-            _run([sys.executable, "-m", "pip", "download", f"llama-cpp-python=={ver}", "--no-deps",
-                  "--no-binary", ":all:", "-d", str(tmp), "-q"], log)
-            sdist = next(tmp.glob("llama_cpp_python-*.tar.gz"))
-        with tarfile.open(sdist) as tf:
-            members = [m for m in tf.getmembers() if "/vendor/llama.cpp/" in m.name]
-            tf.extractall(tmp, members=members, filter="data")
-        src = next(tmp.glob("llama_cpp_python-*/vendor/llama.cpp"))
-        if backend == "vulkan":
-            _patch_old_vulkan_headers(src)
-        build = tmp / "build"
-        _run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", *flags], log)
-        _run(["cmake", "--build", str(build), "--target", "llama", "-j",
-              str(jobs or os.cpu_count() or 2)], log)
+
+    def collect(build: Path) -> None:
         shutil.rmtree(lib, ignore_errors=True)
         lib.mkdir(parents=True)
         for so in (build / "bin").glob("*.so*"):
             shutil.copy2(so, lib / so.name, follow_symlinks=True)
+
+    cmake_build_vendored(flags, ["llama"], log, sdist=sdist, jobs=jobs, collect=collect,
+                         patch=_patch_old_vulkan_headers if backend == "vulkan" else None)
     seconds = time.monotonic() - t0
     done.write_text(f"{ver} {seconds:.0f}\n")
     return GpuBuild(backend, lib, seconds)

@@ -15,12 +15,11 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
-import tarfile
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from cactus_gguf.llama.build import cache_root, cmake_build_vendored
 
 __all__ = ["RpcBuild", "rpc_build", "RpcServer", "free_port"]
 
@@ -38,56 +37,33 @@ class RpcBuild:
                 **extra}
 
 
-def _cache_root() -> Path:
-    base = os.environ.get("CACTUS_GGUF_CACHE")
-    return Path(base) if base else Path.home() / ".cache" / "cactus-gguf"
-
-
-def _run(cmd: list[str], log: Path, cwd: Path | None = None) -> None:
-    with open(log, "a") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        r = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT)
-    if r.returncode != 0:
-        tail = log.read_text(errors="replace").splitlines()[-30:]
-        raise RuntimeError(f"{cmd[0]} failed ({r.returncode}); last lines of {log}:\n" + "\n".join(tail))
-
-
 def rpc_build() -> RpcBuild:
     """Build (once) or find llama.cpp with RPC for the installed llama-cpp-python version."""
     from importlib.metadata import version
 
     ver = version("llama-cpp-python")
-    root = _cache_root() / "rpc-build" / ver
+    root = cache_root() / "rpc-build" / ver
     built = RpcBuild(lib=root / "lib", rpc_server=root / "bin" / "ggml-rpc-server")
     if (root / "DONE").exists() and built.rpc_server.exists():
         return built
     root.mkdir(parents=True, exist_ok=True)
     log = root / "build.log"
     log.write_text("")
-    with tempfile.TemporaryDirectory(prefix="cactus-rpc-") as tmp:
-        tmp = Path(tmp)
-        _run([sys.executable, "-m", "pip", "download", f"llama-cpp-python=={ver}", "--no-deps",
-              "--no-binary", ":all:", "-d", str(tmp), "-q"], log)
-        sdist = next(tmp.glob("llama_cpp_python-*.tar.gz"))
-        with tarfile.open(sdist) as tf:
-            members = [m for m in tf.getmembers() if "/vendor/llama.cpp/" in m.name]
-            tf.extractall(tmp, members=members, filter="data")
-        src = next(tmp.glob("llama_cpp_python-*/vendor/llama.cpp"))
-        build = tmp / "build"
-        _run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-              "-DBUILD_SHARED_LIBS=ON", "-DGGML_RPC=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON",
-              "-DCMAKE_BUILD_RPATH=$ORIGIN", "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
-              "-DCMAKE_INSTALL_RPATH=$ORIGIN"], log)
-        _run(["cmake", "--build", str(build), "--target", "llama", "ggml-rpc-server", "-j",
-              str(os.cpu_count() or 2)], log)
+
+    def collect(build: Path) -> None:
         shutil.rmtree(built.lib, ignore_errors=True)
         built.lib.mkdir(parents=True)
         built.rpc_server.parent.mkdir(parents=True, exist_ok=True)
         for so in (build / "bin").glob("*.so*"):
             shutil.copy2(so, built.lib / so.name, follow_symlinks=True)
         shutil.copy2(build / "bin" / "ggml-rpc-server", built.rpc_server)
+
+    cmake_build_vendored(["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_RPC=ON",
+                          "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                          "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+                          "-DLLAMA_BUILD_TOOLS=ON", "-DCMAKE_BUILD_RPATH=$ORIGIN",
+                          "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN"],
+                         ["llama", "ggml-rpc-server"], log, collect=collect)
     (root / "DONE").write_text(ver + "\n")
     return built
 
