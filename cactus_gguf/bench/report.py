@@ -83,6 +83,46 @@ def per_answer_rows(report: dict, dash: str) -> list[list[str]]:
     return rows
 
 
+def peer_summaries(report: dict) -> list[dict]:
+    """The summaries of the llama-server peers (``bench --peers``), in order."""
+    return [s for s in report["summary"] if s["method"] == "llama-server"]
+
+
+def peer_rows(report: dict, dash: str) -> list[list[str]]:
+    """``bench --peers``: every configuration beside llama.cpp's own speculation, per answer
+    (means over the prompts): seconds, verifier calls, tokens, acceptance (accepted / drafted,
+    pooled), tokens per verifier call, and the verifier calls per answer as a ratio of each
+    peer's at the same k on the same prompts (ratio of the means)."""
+    peers = peer_summaries(report)
+    rows = [["config", "s/answer", "verifier calls/answer", "tokens/answer", "accept",
+             "tok/call"] + [f"calls × {p['label']}" for p in peers]]
+    for s in report["summary"]:
+        pa = s.get("per_answer") or {}
+        vs = s.get("per_answer_vs_peers") or {}
+        rows.append([s["label"], fmt(pa.get("seconds"), ".2f", dash),
+                     fmt(pa.get("verifier_calls"), ".1f", dash), fmt(pa.get("tokens"), ".1f", dash),
+                     fmt(s.get("acceptance_rate"), ".0%", dash),
+                     fmt(s.get("tokens_per_verifier_call"), ".2f", dash)]
+                    + [fmt((vs.get(p["config"]) or {}).get("verifier_calls"), ".2f", dash)
+                       for p in peers])
+    return rows
+
+
+def per_prompt_rows(report: dict, dash: str) -> list[list[str]]:
+    """Each prompt's verifier calls / tokens under every configuration (``bench --peers``'s
+    per-answer view)."""
+    runs = {(r["prompt"], r["config"]): r for r in report["runs"]}
+    prompts = list(dict.fromkeys(r["prompt"] for r in report["runs"]))
+    rows = [["prompt"] + [f"{s['label']}: calls / tokens" for s in report["summary"]]]
+    for p in prompts:
+        cells = []
+        for s in report["summary"]:
+            r = runs.get((p, s["config"]))
+            cells.append(dash if r is None else f"{r['n_steps']} / {r['n_tokens']}")
+        rows.append([p] + cells)
+    return rows
+
+
 def format_table(report: dict) -> list[str]:
     """The summary as aligned text lines: the per-answer table, then one row per configuration
     of the per-token figures, then the forward costs."""
@@ -111,6 +151,10 @@ def format_table(report: dict) -> list[str]:
         ] + (paired_cell(s, "-") if scored(report) else [])
           + (structured_cells(s, "-") if structured(report) else []))
     lines += columns(rows)
+    if peer_summaries(report):
+        lines += ["", "beside llama-server (per answer, mean; calls × = ratio of the same "
+                      "prompts' verifier calls per answer):"]
+        lines += columns(peer_rows(report, "-"))
     fw = report["forward_ms"]["before"]
     ver = ", ".join(f"{n} tok {ms:.1f} ms" for n, ms in fw["verifier"].items())
     lines.append("")
@@ -167,6 +211,8 @@ def format_markdown(report: dict) -> str:
             pass_cell(s, "–")]
             + (paired_cell(s, "–") if scored(report) else [])
             + (structured_cells(s, "–") if structured(report) else [])) + " |")
+    if peer_summaries(report):
+        out += _peers_markdown(report)
     fw = report["forward_ms"]
     out.append("")
     out.append("Forward cost, median ms of one `llama_decode` (before / after the runs):")
@@ -195,6 +241,29 @@ def format_markdown(report: dict) -> str:
         out.append(f"{role.capitalize()}: {mf['file']} ({mf['description']}, sha256 {mf['sha256']}).")
     return "\n".join(out) + "\n"
 
+
+
+def _peers_markdown(report: dict) -> list[str]:
+    """bench.md's section on the llama-server peers: the per-answer comparison, each prompt's
+    calls and tokens, and how llama-server's figures were read."""
+    facts = report.get("peers") or {}
+    pr, pp = peer_rows(report, "–"), per_prompt_rows(report, "–")
+    out = ["", "Beside llama.cpp's own speculation (llama-server on the same prompts, seeds and "
+           "sampling; per answer, mean over the prompts; calls × = ratio of the same prompts' "
+           "verifier calls per answer):", "",
+           "| " + " | ".join(pr[0]) + " |", "|" + "---|" * len(pr[0])]
+    out += ["| " + " | ".join(row) + " |" for row in pr[1:]]
+    out += ["", "Each answer's verifier calls / tokens:", "",
+            "| " + " | ".join(pp[0]) + " |", "|" + "---|" * len(pp[0])]
+    out += ["| " + " | ".join(row) + " |" for row in pp[1:]]
+    if facts:
+        version = facts.get("version") or "version unknown"
+        out += ["", f"llama-server: `{facts.get('binary')}` ({version}). Verifier calls: "
+                    f"{facts.get('verifier_calls')}. Acceptance: {facts.get('acceptance')}. "
+                    f"Seconds: {facts.get('seconds')}. Drafting: {facts.get('drafting')}."]
+        for cid, args in (facts.get("args") or {}).items():
+            out.append(f"- `{cid}`: `llama-server {' '.join(args)}`")
+    return out
 
 
 def _json_safe(obj: Any) -> Any:

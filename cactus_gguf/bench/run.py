@@ -26,6 +26,7 @@ from ..options import (MODEL_DRAFTERS, LoadOptions, Request, check_value, defaul
                        validate_pairing)
 from .grid import (config_grid, default_methods, needs_draft_model, request_for, schedule,
                    with_schema)
+from . import peers as _peers
 from ..speculative.costs import measure_forward_costs
 from .prompts import (HUMANEVAL_INSTRUCTION, BenchPrompt, load_humaneval, load_prompts_jsonl,
                       render_prompt)
@@ -133,6 +134,11 @@ def plan_bench(given: Mapping[str, Any], *, warmup: bool = True) -> BenchPlan:
                   + (f", first {values['limit']}" if values["limit"] else ""))
     if any(p.json_schema is not None for p in prompts):
         configs = with_schema(configs, values["schema"])
+    if values["peers"]:  # llama.cpp's own speculation: after the configurations, per prompt
+        if draft is None:
+            raise InputError("{peers} runs llama-server's draft-model speculation: give a DRAFT "
+                             "model", param="peers")
+        configs = configs + _peers.peer_configs(ks)
     any_draft = draft is not None and any(c["drafter"] in MODEL_DRAFTERS
                                           or c.get("decoder") == "draft" for c in configs)
     return BenchPlan(verifier_spec=verifier, draft_spec=draft if any_draft else None,
@@ -296,10 +302,18 @@ def _decode_one(plan: BenchPlan, engines: dict, rendered: list[tuple[str, tuple]
     makes no verifier calls: its decodes are recorded as draft forwards (``n_steps`` 0)."""
     p, c = plan.prompts[pi], plan.configs[ci]
     decoder = c.get("decoder", "verifier")
-    engine = engines[decoder]
     bar.set_postfix_str(f"{p.id} {c['label']}", refresh=False)
     seed = plan.seed + pi
     text, stop = rendered[pi]
+    if decoder == _peers.DECODER:  # llama-server: the verifier's token ids of the same text
+        record = engines[c["id"]].complete(engines["verifier"].tokenize(text), plan.base, seed,
+                                           plan.base.stop + stop)
+        record = {"index": index, "prompt": p.id, "config": c["id"], "seed": seed,
+                  "valid": (json_valid(record["text"], p.json_schema)
+                            if p.json_schema is not None else None), **record}
+        bar.update(1)
+        return record
+    engine = engines[decoder]
     w0, c0 = time.perf_counter(), time.process_time()
     res = engine.generate(text, request_for(plan.base, c, p.json_schema), seed=seed,
                           stop=plan.base.stop + stop)
@@ -360,7 +374,12 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
     verifier_path = resolve_model(plan.verifier_spec, progress=progress)
     draft_path = resolve_model(plan.draft_spec, progress=progress) if plan.draft_spec else None
     say(f"loading {verifier_path.name}" + (f" + {draft_path.name}" if draft_path else ""))
-    sitting = _sit(plan, verifier_path, draft_path, journal, done, progress=progress, say=say)
+    if any(c.get("decoder") == _peers.DECODER for c in plan.configs):
+        from ..llama.build import llama_server
+
+        llama_server(log=say)  # found, or built before any model loads
+    sitting = _sit(plan, verifier_path, draft_path, journal, done, progress=progress, say=say,
+                   log_dir=Path(output) if output is not None else None)
     load_after = _load_average()
     finished = _dt.datetime.now(_dt.timezone.utc)
     _score(plan, sitting.runs, progress)
@@ -380,16 +399,23 @@ class _Sitting:
     forward_after: dict
     probe: dict | None
     runs: list[dict]
+    peers: dict | None = None  # bench --peers: the llama-server facts (peers.server_facts)
 
 
 def _sit(plan: BenchPlan, verifier_path: Path, draft_path: Path | None, journal: Path | None,
-         done: list[dict], *, progress: bool, say: Callable[[str], None]) -> _Sitting:
-    """Load the models, warm up, time the forward costs, decode every run not in ``done`` (each
-    appended to ``journal``), time the forward costs again; the models are freed on return."""
+         done: list[dict], *, progress: bool, say: Callable[[str], None],
+         log_dir: Path | None = None) -> _Sitting:
+    """Load the models (and start the peers' llama-servers, their logs in ``log_dir``), warm
+    up, time the forward costs, decode every run not in ``done`` (each appended to
+    ``journal``), time the forward costs again; the models are freed on return."""
     from tqdm import tqdm
 
     with contextlib.ExitStack() as stack:
         engines = _open_engines(stack, plan, verifier_path, draft_path)
+        servers = _peers.open_servers(stack, plan.configs, verifier_path, draft_path, plan.load,
+                                      plan.load.n_threads or default_threads(),
+                                      log_dir=log_dir, say=say)
+        engines.update(servers)
         engine = engines["verifier"]
         models = {"verifier": _model_facts(plan.verifier_spec, verifier_path, engine.verifier)}
         if engine.draft is not None:
@@ -414,7 +440,8 @@ def _sit(plan: BenchPlan, verifier_path: Path, draft_path: Path | None, journal:
                                                   plan.forward_repeats)
         finally:
             bar.close()
-    return _Sitting(models, chat, forward_before, forward_after, probe, runs)
+    return _Sitting(models, chat, forward_before, forward_after, probe, runs,
+                    _peers.server_facts(servers))
 
 
 def _open_engines(stack: contextlib.ExitStack, plan: BenchPlan, verifier_path: Path,
@@ -455,10 +482,15 @@ def _warm_up(plan: BenchPlan, engines: dict[str, Engine], first_tokens: list[int
              first_text: str) -> None:
     """A few untimed tokens from the first prompt: a model-drafter configuration and the first
     one on the pair, and the draft alone when it runs (on the text: its own tokens)."""
-    warm = [c for c in plan.configs if c["drafter"] in MODEL_DRAFTERS][:1] + plan.configs[:1]
+    ours = [c for c in plan.configs if c.get("decoder", "verifier") == "verifier"]
+    warm = [c for c in ours if c["drafter"] in MODEL_DRAFTERS][:1] + ours[:1]
     warm_n = min(16, plan.n_predict) if plan.n_predict > 0 else 16  # -n -1: unbounded
     for c in warm:
         engines["verifier"].generate(first_tokens, request_for(plan.base, c), n_predict=warm_n)
+    for c in plan.configs:  # each llama-server pages its models in too
+        if c.get("decoder") == _peers.DECODER:
+            engines[c["id"]].complete(first_tokens, plan.base.replace(n_predict=warm_n),
+                                      plan.seed, ())
     if "draft" in engines:
         engines["draft"].generate(first_text, plan.base.replace(method="none"),
                                   n_predict=warm_n)
@@ -487,6 +519,7 @@ def _report(plan: BenchPlan, sitting: _Sitting, started: _dt.datetime, finished:
         "forward_ms": {"before": sitting.forward_before, "after": sitting.forward_after},
         # -k auto's cost model: probed at load ({"cached": false, "seconds": ...}) or read back
         "auto_probe": sitting.probe,
+        "peers": sitting.peers,
         "summary": summarize(plan.configs, sitting.runs, sitting.forward_before),
         "runs": sitting.runs,
     }

@@ -132,8 +132,9 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
 
     The headline is per answer: ``per_answer`` (mean seconds end to end and of decoding, verifier
     calls, draft forwards, tokens, share with test sections) and its ratios against ``none``
-    (``per_answer_vs_none``) and against ``sps`` at the same k (``per_answer_vs_sps``) on the same
-    prompts. Speed per token: tokens/s per prompt (decode only), its quantiles, and speedups as medians of per-prompt
+    (``per_answer_vs_none``), against ``sps`` at the same k (``per_answer_vs_sps``) and against
+    each llama-server peer at the same k (``per_answer_vs_peers``: peer id -> ratios; None
+    without ``--peers``) on the same prompts. Speed per token: tokens/s per prompt (decode only), its quantiles, and speedups as medians of per-prompt
     ratios against ``none`` and against ``sps`` at the same k (for ``none``: the first sps);
     ``end_to_end_*`` the same with prompt processing included (speculation prefills the draft too).
     Acceptance counters are pooled over prompts (total accepted / total steps ...). Time shares
@@ -152,6 +153,7 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
     # sps at the same k and under the same constraint (a structured run has both)
     sps_ids = {(c["k"], bool(c.get("constrained"))): c["id"] for c in configs
                if c["method"] == "sps"}
+    peers = [c for c in configs if c.get("decoder") == "llama-server"]  # bench --peers
     out = []
     for c in configs:
         rs = by_cfg[c["id"]]
@@ -170,14 +172,23 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
             "predicted_speedup_vs_none": None,
         }
         s["predicted_speedup_vs_none"] = _predicted_speedup(c, s, forward_ms)
+        # against each llama-server peer at the same k (every peer for none and draft)
+        s["per_answer_vs_peers"] = {
+            p["id"]: per_answer_ratios(rs, by_cfg[p["id"]]) for p in peers
+            if p["id"] != c["id"] and c["k"] in (None, p["k"])} if peers else None
         out.append(s)
     return out
 
 
-def _totals(rs: Sequence[dict]) -> dict[str, float]:
-    """The counters and seconds of one configuration's runs, summed over its prompts."""
-    return {key: sum(r.get(key, 0.0) if key == "output_kl_sum" else r[key] for r in rs)
-            for key in  # output_kl_sum: absent from runs recorded before it existed
+def _totals(rs: Sequence[dict]) -> dict[str, float | None]:
+    """The counters and seconds of one configuration's runs, summed over its prompts; None for
+    a figure its runs do not measure (llama-server's draft / verify / accept split)."""
+    def total(key: str) -> float | None:
+        # output_kl_sum: absent from runs recorded before it existed
+        values = [r.get(key, 0.0) if key == "output_kl_sum" else r[key] for r in rs]
+        return None if rs and all(v is None for v in values) else sum(values)
+
+    return {key: total(key) for key in
             ("n_tokens", "n_steps", "n_drafted", "n_accepted", "n_evaluated", "kl_sum",
              "output_kl_sum", "decode_seconds", "draft_seconds", "verify_seconds", "accept_seconds",
              "other_seconds", "prefill_seconds")}
@@ -237,7 +248,8 @@ def _acceptance(rs: Sequence[dict], tot: dict[str, float]) -> dict:
         "output_kl_mean": tot["output_kl_sum"] / (tot["n_accepted"] + steps) if steps else 0.0,
         "output_kl_max": max((r.get("output_kl_max", 0.0) for r in rs), default=0.0),
         "seconds": {k.removesuffix("_seconds"): v for k, v in tot.items() if k.endswith("_seconds")},
-        "time_share": {part: (tot[f"{part}_seconds"] / dec if dec > 0 else None)
+        "time_share": {part: (tot[f"{part}_seconds"] / dec
+                              if dec > 0 and tot[f"{part}_seconds"] is not None else None)
                        for part in ("draft", "verify", "accept", "other")},
     }
 

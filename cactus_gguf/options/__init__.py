@@ -481,6 +481,12 @@ OPTIONS: tuple[Option, ...] = (
            commands=_BENCH),
     Option("no_progress", bool, False, "hide the progress bars", ("--no-progress",), scope="bench",
            commands=frozenset({"bench", "pull"})),
+    Option("peers", bool, False, "also run llama.cpp's own speculative decoding on the same "
+           "prompts, models, seeds and sampling, per answer beside every configuration: "
+           "llama-server `-md DRAFT --spec-type draft-simple --spec-draft-n-max K` at "
+           "`--spec-draft-p-min` 0.75 and 0, for each fixed k (`llama-server` on PATH, else built "
+           "once from llama-cpp-python's vendored llama.cpp into the cache: ~10 min on 2 cores)",
+           ("--peers",), scope="bench", commands=_BENCH),
     Option("kernels", bool, False, "instead: micro-benchmark the native verify step against the "
            "NumPy reference", ("--kernels",), scope="bench", commands=_BENCH),
     Option("repeats", int, 30, "`--kernels`: timed repeats per cell", ("--repeats",), scope="bench",
