@@ -341,6 +341,13 @@ OPTIONS: tuple[Option, ...] = (
            range=Range(lo=0.0, hi=1.0, lo_open=True, note="1 = off"), recommend=True, metavar="P"),
     Option("min_p", float, 0.05, "min-p (0 = off)", ("--min-p",),
            range=Range(lo=0.0, hi=1.0, note="0 = off"), recommend=True, metavar="P"),
+    Option("backend_sampling", str, "off", "top-k on the device: when top-k > 0, llama.cpp's "
+           "backend sampler keeps each output row's top-k + 1 logits inside the decode graph and "
+           "the host reads only those (same tokens for the same seed as the full rows; a tie at "
+           "the k-th logit decodes the batch again in full); `auto` = where available (no "
+           "grammar, log-probabilities, foreign / MTP draft or recurrent model), `on` = the same, "
+           "warning once when it cannot, `off` = full rows (README \"Warps on the device\")",
+           ("--backend-sampling",), choices=("auto", "on", "off")),
     Option("seed", int, -1, "RNG seed; -1 = random (the seed used is reported)", ("-s", "--seed"),
            range=Range(hi=2**64, hi_open=True, note="negative = random"), metavar="N",
            command_defaults={"bench": 0}),

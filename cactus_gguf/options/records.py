@@ -125,6 +125,7 @@ class Request(_OptionRecord):
     top_k: int = opt("top_k")
     top_p: float = opt("top_p")
     min_p: float = opt("min_p")
+    backend_sampling: str = opt("backend_sampling")
     seed: int = opt("seed")
     stop: tuple[str, ...] = opt("stop")  # also given as one str, a list or None
     grammar: str | None = opt("grammar")

@@ -305,6 +305,73 @@ class NativeSampler:
             raise_status(st, "cg_emitted_law")
         return Law(probs, law.kl, law.acceptance, law.delta)
 
+    # -- compact rows -------------------------------------------------------------------------
+    # A compact row covers n ids of the vocabulary in ascending id order (the caller maps an index
+    # back to its id), -inf at an id outside the row's own candidates. The warps select by (logit
+    # descending, id ascending) and every draw walks the kept ids in id order skipping zeros, so a
+    # compact row that holds every id the warps can keep (each id whose logit reaches the row's
+    # top_k-th largest, top_k > 0) and the same float32 logits gives exactly the full row's
+    # probabilities and draws, with the same uniforms (speculative/device.py).
+
+    def _compact_sample(self, logits: np.ndarray, probs_out: np.ndarray, sp_p: int) -> int:
+        n = logits.shape[0] if isinstance(logits, np.ndarray) and logits.ndim == 1 else 0
+        check_logits_row(logits, max(n, 1))
+        check_probs_out(probs_out, logits, n, "probs_out")
+        st = _warp_sample(addr(logits), n, n, 0, sp_p, self._rng_p, addr(probs_out),
+                          self._work_p, self._tok_p)
+        if st != CG_OK:
+            raise_status(st, "cg_warp_sample")
+        return self._tok.value
+
+    def draft_compact(self, logits: np.ndarray, probs_out: np.ndarray) -> int:
+        """``draft`` on a compact row (no mask): ``logits`` float32 [n] (n <= V), ``probs_out``
+        float32 [n]; the index drawn. One uniform."""
+        return self._compact_sample(logits, probs_out, self._dsp_p)
+
+    def sample_compact(self, logits: np.ndarray) -> int:
+        """``sample`` on a compact row (no mask): the index drawn. One uniform."""
+        n = logits.shape[0] if isinstance(logits, np.ndarray) and logits.ndim == 1 else 0
+        return self._compact_sample(logits, self._probs[:n], self._sp_p)
+
+    def warp_compact_into(self, logits: np.ndarray, out: np.ndarray) -> None:
+        """``warp_into`` (the request's warps) on a compact row: ``out`` float32 [n]."""
+        n = logits.shape[0] if isinstance(logits, np.ndarray) and logits.ndim == 1 else 0
+        check_logits_row(logits, max(n, 1))
+        check_probs_out(out, logits, n, "out")
+        st = _warp(addr(logits), n, n, 0, self._sp_p, addr(out), self._work_p)
+        if st != CG_OK:
+            raise_status(st, "cg_warp")
+
+    def verify_compact(self, draft_probs: np.ndarray | None, draft_index: np.ndarray,
+                       verifier_logits: np.ndarray, *, end_mask: np.ndarray | None = None
+                       ) -> StepResult:
+        """``verify`` (no mask) over a compact index space of n ids: ``draft_probs`` float32
+        [k, n] or None, ``draft_index`` int32 [k] (the drafted tokens' indices), ``verifier_logits``
+        float32 [k+1, n]; ``end_mask``: the acceptance's end set gathered to the n ids (uint32
+        [ceil(n / 32)]; required when the rule has one). ``next_token`` is an index."""
+        k = check_draft_tokens(draft_index)
+        if type(verifier_logits) is not np.ndarray or verifier_logits.ndim != 2:
+            raise ValueError("verifier_logits must be a float32 array [k+1, n]")
+        n = verifier_logits.shape[1]
+        if not 1 <= n <= self._n_vocab:
+            raise ValueError(f"a compact row must have 1 .. V={self._n_vocab} entries, got {n}")
+        check_verifier_logits(verifier_logits, k, n)
+        dp = draft_probs_addr(draft_probs, k, n)
+        ap_p = self._ap_p
+        if self._acceptance.end_mask is not None:
+            if end_mask is None or end_mask.dtype != np.uint32 or end_mask.shape != (mask_words(n),):
+                raise ValueError(f"end_mask must be uint32 [ceil(n / 32) = {mask_words(n)}]")
+            ap = c_params(_AcceptParamsC, self._acceptance)
+            ap.end_mask = addr(end_mask)
+            ap_p = ctypes.addressof(ap)
+        st = _verify(dp, addr(draft_index), addr(verifier_logits), 0, k, n, self._sp_p, ap_p,
+                     self._rng_p, self._work_p, self._res_p)
+        if st != CG_OK:
+            raise_status(st, "cg_verify")
+        r = self._res
+        return StepResult(r.n_accepted, r.next_token, r.n_evaluated, r.kl_sum, r.kl_max,
+                          r.output_kl_sum, r.output_kl_max, r.delta_sum)
+
     # -- randomness ---------------------------------------------------------------------------
 
     def peek_uniforms(self, n: int) -> np.ndarray:

@@ -40,7 +40,10 @@ class Draft:
     temperature (``--draft-temp``) and the plan reads it, the token's probability in the draft's
     row under the request's warps (a greedy draft's p_i is one-hot: it says nothing); None with
     ``probs``. n_forwards: draft-model forward passes (``llama_decode`` calls) the proposal took.
-    ``probs`` may view a drafter's buffer: valid until its next ``propose``.
+    ``probs`` may view a drafter's buffer: valid until its next ``propose``. compact: instead of
+    ``probs`` (then None), when the draft's rows came from the device's top-K (device.py): per
+    token (ids int32 [m] ascending, probs float32 [m]), p_i over those ids (0 elsewhere); None
+    otherwise.
     """
 
     tokens: np.ndarray
@@ -48,6 +51,7 @@ class Draft:
     sources: tuple[str, ...] = ()
     p: np.ndarray | None = None
     n_forwards: int = 0
+    compact: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None
 
     @classmethod
     def empty(cls, n_forwards: int = 0) -> "Draft":
@@ -65,7 +69,8 @@ class Draft:
         if n == 0:
             return Draft.empty(self.n_forwards)
         return Draft(self.tokens[:n], None if self.probs is None else self.probs[:n],
-                     self.sources[:n], None if self.p is None else self.p[:n], self.n_forwards)
+                     self.sources[:n], None if self.p is None else self.p[:n], self.n_forwards,
+                     None if self.compact is None else self.compact[:n])
 
     @property
     def lookup(self) -> bool:
@@ -76,7 +81,7 @@ class Draft:
     def deterministic(self) -> bool:
         """Tokens without distributions (p one-hot): prompt lookup, or a draft's text re-tokenised
         by the verifier; not sampled under a grammar's mask, so the grammar checks them after."""
-        return len(self) > 0 and self.probs is None
+        return len(self) > 0 and self.probs is None and self.compact is None
 
 
 @dataclass(frozen=True)
@@ -138,7 +143,10 @@ class SamplingDrafter:
     n_logits: int
     _rows_d: np.ndarray
     _confidence: np.ndarray | None = None  # float32 [W]: a row under the request's warps
-
+    #: the request's top-K when this step's rows come from the device (device.py; set by the
+    #: step, only for a drafter whose ``device_rows`` is true), else 0
+    device_k: int = 0
+    device_rows = False  # whether its rows may come from the device: same ids as the verifier
     # -- what a subclass provides --------------------------------------------------------------
 
     def _start(self, committed: Sequence[int]) -> np.ndarray | None:
@@ -208,8 +216,28 @@ class SamplingDrafter:
         confidence = self._confidence_row(sampler, plan)
         tokens, p = np.zeros(k, np.int32), np.zeros(k, np.float32)
         n_forwards, n = 1, 0
+        compact: list[tuple[np.ndarray, np.ndarray]] | None = None
+        if self.device_k and grammar is None and self.ctx.device_top_k == self.device_k + 1:
+            compact = []
         try:
             for i in range(k):
+                if compact is not None:  # rows from the device's top-K (device.py)
+                    got = self._device_row(sampler, confidence) if self.ctx.device_top_k else None
+                    if got is None:  # a tie at the K-th logit: this row (and the rest) in full
+                        if self.ctx.device_top_k:
+                            row = self.ctx.decode_full_again()[-1]
+                        got = self._full_row(row, rows[i], sampler, confidence)
+                    d, p_d, law, rep = got
+                    if plan.too_unsure(law):
+                        break  # the draft is unsure: verify what we have
+                    compact.append(rep)
+                    tokens[i], p[i] = d, p_d
+                    n += 1
+                    if i == k - 1 or self._is_eog(d) or not plan.more(p[:n]):
+                        break
+                    row = self._advance(d, n)
+                    n_forwards += 1
+                    continue
                 allowed = self._allowed(grammar)
                 try:
                     d = sampler.draft(row[:self.n_logits], rows[i], allowed=allowed)
@@ -233,4 +261,34 @@ class SamplingDrafter:
             self._finish()
         if n == 0:
             return Draft.empty(n_forwards)
+        if compact is not None:
+            return Draft(tokens[:n], None, ("model",) * n, p[:n], n_forwards, tuple(compact))
         return Draft(tokens[:n], self._proposal(n), ("model",) * n, p[:n], n_forwards)
+
+    def _device_row(self, sampler: NativeSampler, confidence: np.ndarray | None):
+        """The draft's next token from the last decode's device top-K row (device.py): (d, p(d)
+        or its confidence, the law the plan reads, (ids, p) over the row's ids); None when the
+        row's top K is not exact (a tie at the K-th logit)."""
+        from .device import exact_row
+        row = exact_row(*self.ctx.candidates(1)[0], self.device_k)
+        if row is None:
+            return None
+        ids, logits = row
+        probs = np.empty(len(ids), np.float32)
+        j = sampler.draft_compact(logits, probs)
+        law = probs
+        if confidence is not None:  # the row under the request's warps
+            law = np.empty(len(ids), np.float32)
+            sampler.warp_compact_into(logits, law)
+        return int(ids[j]), float(law[j]), law, (ids, probs)
+
+    def _full_row(self, row: np.ndarray, out: np.ndarray, sampler: NativeSampler,
+                  confidence: np.ndarray | None):
+        """As ``_device_row`` from a full logits ``row`` (the fallback), ``out`` its p buffer."""
+        d = sampler.draft(row[:self.n_logits], out)
+        support = np.flatnonzero(out).astype(np.int32)
+        law = out
+        if confidence is not None:
+            sampler.warp_into(row[:self.n_logits], confidence)
+            law = confidence
+        return d, float(law[d]), law, (support, out[support].copy())

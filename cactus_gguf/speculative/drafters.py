@@ -82,6 +82,12 @@ class ModelDrafter(SamplingDrafter):
         self.offset = 0
         self._rows_d = np.zeros((0, n_vocab), dtype=np.float32)  # p_1 .. p_k: SamplingDrafter._rows
 
+    @property
+    def device_rows(self) -> bool:
+        """Its rows may come from the device's top-K (device.py): a context that can sample on
+        the device, and no id the verifier lacks."""
+        return self.ctx.can_sample_on_device and self.ctx.n_vocab <= self.n_vocab
+
     def reset(self, prompt: Sequence[int], *, reuse: bool, lazy: bool = False) -> int | None:
         """Hold the prompt but its last token (the last ``window`` of them when a window is set;
         or, ``lazy``, only what the cache already shares with that: ``propose`` decodes the rest

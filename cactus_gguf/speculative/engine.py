@@ -41,6 +41,7 @@ from ..sampling.native import pack_allowed
 from ..sampling.constraints import Constraint, tokenizer_for
 from ..stats import GenerationResult
 from ..text import render_chat
+from .device import device_top_k
 from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from .foreign import ForeignDrafter
 from .mtp import MtpDrafter, MtpHead
@@ -375,6 +376,8 @@ class Engine:
         if req.n_probs is not None:  # log-probabilities of the emitted tokens (logprobs.py)
             session.logprobs = LogprobReader(sampler, req.n_probs, req.post_sampling_probs,
                                              ver.model.token_to_piece)
+        session.device_top_k = device_top_k(req, ver, drafter, logprobs=req.n_probs is not None,
+                                            grammar=session.constraint is not None)
         return session
 
     def _model_drafter(self, req: Request, seed: int):

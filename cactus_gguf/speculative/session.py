@@ -73,6 +73,10 @@ class Session:
         self.t_prefill = 0.0  # when prompt processing began
         self.t_start = 0.0    # when decoding began (after it)
         self.q_buffer = None  # float32 [V]: a foreign draft's coverage measurement (step.py)
+        #: the request's top-K when its rows come from the device (speculative/device.py), else 0;
+        #: device_fallbacks: the steps whose rows were decoded again in full (a tie at the K-th)
+        self.device_top_k = 0
+        self.device_fallbacks = 0
         self.logprobs = None  # a LogprobReader when the request asks for n_probs (logprobs.py)
         self.token_logprobs: list = []  # one TokenLogprob per emitted token (when asked)
         self._chunked = 0  # emitted tokens handed out in chunks

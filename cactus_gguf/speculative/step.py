@@ -24,6 +24,7 @@ from ..llama import Context
 from ..sampling.native import StepResult
 from ..stats import StepOutcome
 from .costs import SlowStepWatch
+from . import device
 from .draft import Draft, DraftPlan
 from .session import Session
 
@@ -45,6 +46,7 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
     plan = policy.plan(min(session.remaining - 1, room, ver.n_batch - 1))
     if grammar is not None:
         grammar.start(plan.k)  # row 0: the committed output's mask
+    top_k = _on_device(ver, session)
 
     t_draft = time.perf_counter()
     proposal = _propose(session, plan)
@@ -59,9 +61,16 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
                         may_drop=len(draft))
 
     t_accept = time.perf_counter()
+    rows = None
+    if top_k:  # the rows from the device's top-K (device.py), or all in full again after a tie
+        rows = [device.exact_row(ids, lg, top_k) for ids, lg in ver.candidates(len(draft) + 1)]
+        if any(r is None for r in rows):
+            rows, logits = None, ver.decode_full_again()
+            session.device_fallbacks += 1
     if session.drafter is not None and session.drafter.shared_v is not None:
         session.stats.add_coverage(_coverage(session, logits[0], session.drafter.shared_v))
-    verdict = _accept(session, draft, logits)
+    verdict = _accept(session, draft, logits) if rows is None else _accept_rows(session, draft,
+                                                                                 rows)
     n_acc = verdict.n_accepted
     if grammar is not None:
         grammar.commit(n_acc, verdict.next_token)  # drop the rejected drafts, advance by the token
@@ -109,6 +118,36 @@ def _propose(session: Session, plan: DraftPlan) -> Draft:
                            grammar=session.constraint)
 
 
+def _on_device(ver: Context, session: Session) -> int:
+    """Attach (or detach) the device's top-K on the verifier and on the draft for this step
+    (device.py; a context another generation left attached is set back); the request's K when
+    this step's rows come from the device, else 0."""
+    k = session.device_top_k
+    if k and not ver.set_device_top_k(k + 1):
+        k = 0
+    if not k:
+        ver.set_device_top_k(0)
+    drafter = session.drafter
+    model = getattr(drafter, "model", drafter)  # a hybrid drafter's model
+    ctx = getattr(model, "ctx", None)
+    if hasattr(ctx, "set_device_top_k") and hasattr(model, "device_k"):
+        model.device_k = k if k and ctx.set_device_top_k(k + 1) else 0
+        if not model.device_k:
+            ctx.set_device_top_k(0)
+    return k
+
+
+def _accept_rows(session: Session, draft: Draft,
+                 rows: list[tuple[np.ndarray, np.ndarray]]) -> StepResult:
+    """``_accept`` on the verifier's exact device rows (device.py; no grammar)."""
+    if not session.request.speculates:
+        return StepResult(0, device.sample_row(session.sampler, rows[0]), 0, 0.0, 0.0)
+    scope = getattr(session, "scope", None)
+    if scope is not None:  # the top gap in code only (as _accept)
+        session.sampler.use_acceptance(scope.rule)
+    return device.verify_rows(session.sampler, draft, rows)
+
+
 def _accept(session: Session, draft: Draft, logits: np.ndarray) -> StepResult:
     """The acceptance test of ``draft`` against the verifier's ``logits`` (float32
     [len(draft) + 1, V]); for a request that does not speculate, the verifier's own token from
@@ -119,7 +158,7 @@ def _accept(session: Session, draft: Draft, logits: np.ndarray) -> StepResult:
             logits[0], allowed=grammar.allowed(0) if grammar is not None else None)
         return StepResult(0, token, 0, 0.0, 0.0)
     return session.sampler.verify(
-        draft.probs, draft.tokens, logits,
+        device.full_probs(draft, session.sampler.n_vocab), draft.tokens, logits,
         allowed=grammar.rows(len(draft)) if grammar is not None else None)
 
 

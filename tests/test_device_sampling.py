@@ -1,0 +1,154 @@
+"""Warps on the device (``backend_sampling``, speculative/device.py) on tiny GGUF models that
+llama.cpp loads and runs: the device's top-K rows are the full rows' values, a tie at the K-th
+logit is detected, and generation gives the same tokens for the same seed as the full rows (SpS,
+Cactus, the verifier alone, several drafters and settings), falling back in full exactly where a
+row is tied; the first emitted token follows the exact law on the device path (chi-square).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cactus_gguf.llama import Context, ContextOptions
+from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams, reference
+from cactus_gguf.speculative.device import exact_row
+
+from support.harness import make_engine
+from support.tiny_gguf import write_llama
+
+CTX = ContextOptions(n_ctx=512, n_batch=64, n_threads=1)
+PROMPT = "the cat sat on"
+ALPHA = 0.001
+
+
+@pytest.fixture(scope="module")
+def tied_pair(tmp_path_factory):
+    """A pair whose output rows are 0 for ids 3 .. 79: logit exactly 0 there, so a row whose
+    K-th largest logit falls among them is tied at the K-th place (top-k 110 often does)."""
+    d = tmp_path_factory.mktemp("tied")
+    zero = range(3, 80)
+    return (write_llama(d / "v.gguf", seed=11, zero_output_rows=zero),
+            write_llama(d / "d.gguf", seed=11, noise=0.5, noise_seed=12, zero_output_rows=zero))
+
+
+class Calls:
+    """Counts the compact verifications and the full decodes again of an engine's steps."""
+
+    def __init__(self, monkeypatch):
+        self.compact = self.full_again = 0
+        verify, again = NativeSampler.verify_compact, Context.decode_full_again
+
+        def counted_verify(s, *a, **kw):
+            self.compact += 1
+            return verify(s, *a, **kw)
+
+        def counted_again(c):
+            self.full_again += 1
+            return again(c)
+
+        monkeypatch.setattr(NativeSampler, "verify_compact", counted_verify)
+        monkeypatch.setattr(Context, "decode_full_again", counted_again)
+
+
+def both_ways(engine, seeds, n_predict=40, **request):
+    """(full-row tokens, device tokens) per seed."""
+    return [(engine.generate(PROMPT, n_predict=n_predict, seed=s, backend_sampling="off", **request
+                             ).tokens,
+             engine.generate(PROMPT, n_predict=n_predict, seed=s, backend_sampling="on", **request
+                             ).tokens) for s in seeds]
+
+
+def test_device_rows_hold_the_full_rows_top_k_with_their_logits(tiny_pair):
+    """Every output row of a multi-row decode: the K + 1 device candidates hold the full row's
+    top K (lowest ids first on ties), with bit-identical float32 logits."""
+    K, tokens = 20, [1, 40, 50, 60, 70, 80, 90, 100, 110, 120]
+    with Context.load(tiny_pair[0], context_options=CTX) as full, \
+            Context.load(tiny_pair[0], context_options=CTX) as dev:
+        rows = np.array(full.decode(tokens, n_logits=8))
+        assert dev.can_sample_on_device and dev.set_device_top_k(K + 1)
+        dev.decode(tokens, n_logits=8)
+        for row, (ids, logits) in zip(rows, dev.candidates(8)):
+            assert np.array_equal(logits.view(np.uint32), row[ids].view(np.uint32))
+            top = np.lexsort((np.arange(len(row)), -row))[:K]
+            assert set(top) <= set(ids.tolist()) and exact_row(ids, logits, K) is not None
+        dev.set_device_top_k(0)
+        assert np.array_equal(np.array(dev.decode([7], n_logits=1))[0],
+                              np.array(full.decode([7], n_logits=1))[0])
+
+
+def test_a_tie_at_the_kth_logit_is_not_exact():
+    ids = np.array([5, 3, 9], np.int32)
+    assert exact_row(ids, np.array([1.0, 2.0, 0.5], np.float32), 2)[0].tolist() == [3, 5, 9]
+    assert exact_row(ids, np.array([1.0, 2.0, 1.0], np.float32), 2) is None  # the K-th is tied
+    assert exact_row(ids, np.array([2.0, 2.0, 1.0], np.float32), 2) is not None  # inside the top K
+    assert exact_row(ids[:2], np.array([2.0, 1.0], np.float32), 2) is None
+
+
+@pytest.mark.parametrize("k", [4, 16])
+@pytest.mark.parametrize("method", ["sps", "cactus", "none"])
+def test_same_tokens_as_the_full_rows(tiny_pair, monkeypatch, method, k):
+    calls = Calls(monkeypatch)
+    with make_engine(*tiny_pair, temp=1.0, top_k=8, top_p=0.95, min_p=0.05, k=k,
+                     method=method) as eng:
+        for full, dev in both_ways(eng, range(3)):
+            assert full == dev and len(full) > 10
+    # (a tie at the K-th logit does happen here: ids 3 and 275 share a logit at one step of k 16,
+    # and that step runs in full)
+    assert (calls.compact > 0) == (method != "none")
+
+
+@pytest.mark.parametrize("request_", [
+    {"drafter": "hybrid", "ngram_max": 2},
+    {"draft_temp": 0.3, "k": "auto"},
+    {"draft_temp": 0.0},
+    {"method": "cactus", "protect_ends": 0.1, "stop": [" cat"], "top_gap": 0.5},
+    {"method": "ears", "ears_alpha": 0.5},
+    {"method": "typical"},
+], ids=["hybrid", "draft-temp-auto-k", "greedy-draft", "cactus-ends", "ears", "typical"])
+def test_same_tokens_with_other_settings(tiny_pair, monkeypatch, request_):
+    calls = Calls(monkeypatch)
+    with make_engine(*tiny_pair, temp=0.8, top_k=12, **{"k": 4, "method": "sps", **request_}
+                     ) as eng:
+        for full, dev in both_ways(eng, range(2)):
+            assert full == dev
+    assert calls.compact > 0
+
+
+def test_ties_fall_back_to_the_full_rows_with_the_same_tokens(tied_pair, monkeypatch):
+    calls = Calls(monkeypatch)
+    with make_engine(*tied_pair, temp=1.0, top_k=110, k=4, method="sps") as eng:
+        for full, dev in both_ways(eng, range(4), n_predict=30):
+            assert full == dev
+    assert calls.full_again > 0 and calls.compact > 0  # some rows tied, others not
+
+
+def test_untruncated_requests_keep_the_full_rows(tiny_pair, monkeypatch):
+    calls = Calls(monkeypatch)
+    with make_engine(*tiny_pair, temp=1.0, top_k=0, k=4, method="sps") as eng:
+        for full, dev in both_ways(eng, range(2), n_predict=20):
+            assert full == dev
+        for grammar_free in both_ways(eng, [0], n_predict=10, top_k=8, n_probs=2):
+            assert grammar_free[0] == grammar_free[1]
+    assert calls.compact == 0
+
+
+def test_first_emitted_token_follows_the_sps_law_on_the_device(tiny_pair):
+    ver, dft = tiny_pair
+    sampling = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
+    dists = []
+    for path in (ver, dft):
+        with Context.load(path, context_options=CTX) as m:
+            row = np.array(m.decode(m.model.tokenize(PROMPT), 1)[0])
+            dists.append(NativeSampler(m.n_vocab, sampling, AcceptanceParams(), 0).warp(row))
+    q, p = dists
+    expected = reference.emitted_first_token_distribution(p, q, "sps")
+    counts = np.zeros(len(q), np.int64)
+    with make_engine(ver, dft, temp=1.0, top_k=8, k=1, method="sps",
+                     backend_sampling="on") as eng:
+        for seed in range(4000):
+            counts[eng.generate(PROMPT, n_predict=2, seed=seed).tokens[0]] += 1
+    from scipy import stats
+    support = expected > 0
+    assert counts[~support].sum() == 0
+    exp = expected[support] / expected[support].sum() * counts.sum()
+    assert stats.chisquare(counts[support], exp).pvalue > ALPHA
