@@ -15,7 +15,8 @@ from support.harness import run_cli
 
 # every speculation setting; a new one added to the table without `applies` would not be here
 NAMES = ["k", "k_max", "method", "delta", "solver", "budget", "output_kl", "typical_epsilon",
-         "typical_alpha", "accept_top_k", "ears_alpha", "top_gap", "protect_ends", "drafter",
+         "typical_alpha", "accept_top_k", "ears_alpha", "top_gap", "protect_ends", "top_gap_scope",
+         "drafter",
          "ngram_max", "ngram_min", "draft_window", "draft_vocab", "draft_min", "draft_p_min",
          "draft_temp"]
 
@@ -43,7 +44,7 @@ def test_each_setting_is_reported_where_it_applies_and_null_elsewhere():
     assert rule["ears_alpha"] is None and rule["typical_alpha"] is None  # other rules'
     assert rule["k_max"] is None and rule["ngram_min"] is None  # fixed k, a draft model
     assert rule["draft_temp"] == r.temperature and rule["draft_vocab"] == "auto"
-    assert rule_of(options.Request())["top_gap"] == "inf"  # JSON has no infinity
+    assert rule_of(options.Request(top_gap=float("inf")))["top_gap"] == "inf"  # JSON has none
     ears = rule_of(options.Request(method="ears", ears_alpha=0.25, k="auto", drafter="ngram"))
     assert (ears["ears_alpha"], ears["delta"], ears["k_max"], ears["ngram_min"]) == \
         (0.25, None, 16, 1)
@@ -53,9 +54,11 @@ def test_each_setting_is_reported_where_it_applies_and_null_elsewhere():
 
 
 def test_the_summary_names_the_acceptance_rule_and_its_settings():
-    assert rule_words(options.Request(top_gap=0.5, protect_ends=0.1)) == \
-        "method cactus delta=1 solver=taylor budget=target top_gap=0.5 protect_ends=0.1"
-    assert rule_words(options.Request()).endswith("top_gap=inf protect_ends=off")
+    # the default rule (README "Which rule is the default"), then the paper's
+    assert rule_words(options.Request()) == ("method cactus delta=1 solver=taylor budget=target "
+                                             "top_gap=0.5 protect_ends=0.1 top_gap_scope=code")
+    paper = options.Request(top_gap=float("inf"), protect_ends="off")
+    assert rule_words(paper).endswith("top_gap=inf protect_ends=off top_gap_scope=code")
     assert rule_words(options.Request(method="ears", ears_alpha=0.3)) == "method ears ears_alpha=0.3"
     assert rule_words(options.Request(method="typical")) == \
         "method typical typical_epsilon=0.09 typical_alpha=0.3"
@@ -68,7 +71,7 @@ def test_the_servers_speculative_object_is_generated_from_the_table():
     every = {"k": "auto", "k_max": 3, "method": "cactus", "delta": 0.5, "solver": "exact",
              "budget": "output", "output_kl": False, "typical_epsilon": 0.1, "typical_alpha": 0.2,
              "accept_top_k": 3, "ears_alpha": 0.4, "top_gap": 0.5, "protect_ends": "off",
-             "drafter": "hybrid", "ngram_max": 4, "ngram_min": 2, "draft_window": 0,
+             "top_gap_scope": "all", "drafter": "hybrid", "ngram_max": 4, "ngram_min": 2, "draft_window": 0,
              "draft_vocab": "same", "draft_min": 1, "draft_p_min": 0.1, "draft_temp": 0}
     assert Speculative.model_validate(every).model_dump() == every
     options.Request(**every)  # every value the object takes, the Request takes

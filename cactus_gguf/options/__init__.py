@@ -285,18 +285,23 @@ OPTIONS: tuple[Option, ...] = (
     Option("ears_alpha", float, 0.5, "`ears` acceptance: weight α of the tolerance α·(1 − max q) "
            "added to SpS's ratio q[n]/p[n] (0 = SpS)", ("--ears-alpha",),
            applies=(("method", ("ears",)),), range=Range(lo=0.0), metavar="A"),
-    Option("top_gap", float, float("inf"), "Cactus: relax only drafts within G nats of the "
-           "verifier's top token (q[n] ≥ max q · e^−G); the others are accepted as SpS would; "
-           "`inf` = every draft (the paper's rule)", ("--top-gap",), applies=_CACTUS,
-           range=Range(lo=0.0),
-           recommend=True, metavar="G"),
-    Option("protect_ends", float, "off", "Cactus: at positions where the verifier puts at least "
+    Option("top_gap", float, 0.5, "Cactus: relax only drafts within G nats of the verifier's "
+           "top token (q[n] ≥ max q · e^−G), where `--top-gap-scope` says; the others are "
+           "accepted as SpS would; `inf` = every draft (the paper's rule). The default rule "
+           "(top gap 0.5 in code, protected ends 0.1): README \"Which rule is the default\"",
+           ("--top-gap",), applies=_CACTUS, range=Range(lo=0.0), recommend=True, metavar="G"),
+    Option("protect_ends", float, 0.1, "Cactus: at positions where the verifier puts at least "
            "TAU on ending (end-of-generation tokens and tokens that start a stop string), keep "
            "that chance in what is emitted (the position falls back to SpS where Cactus would "
            "lower it), so answers end where the verifier's would; `off` = the paper's rule",
            ("--protect-ends",), applies=_CACTUS,
            range=Range(lo=0.0, hi=1.0), recommend=True, metavar="TAU",
            words=("off",)),
+    Option("top_gap_scope", str, "code", "where `--top-gap` applies: `code` = a completion of "
+           "a raw prompt or of a prefilled answer, and the fenced code blocks of a chat answer "
+           "(from a run of three backticks to the next), whose prose Cactus relaxes as the "
+           "paper's rule does; `all` = everywhere",
+           ("--top-gap-scope",), applies=_CACTUS, choices=("code", "all"), recommend=True),
     Option("drafter", str, "model", "`model` (the DRAFT GGUF), `ngram` (prompt lookup from the "
            "token history: no draft model, `cactus-gguf run VERIFIER --drafter ngram`) or "
            "`hybrid` (prompt lookup when the last `--ngram-max` tokens occurred before, else the "

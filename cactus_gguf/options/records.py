@@ -13,13 +13,19 @@ from ..errors import InputError
 from . import BY_NAME, Option, check_value, options_in
 
 
-def opt(name: str) -> Any:
+_OWN = object()
+
+
+def opt(name: str, default: Any = _OWN) -> Any:
     """The dataclass field of option ``name``: its default (a tuple for a multiple-valued option)
     and the Option itself as ``metadata["option"]``, where validation finds it. Every record
     whose fields are options (Request, LoadOptions, and the parameter sets below them) declares
-    them with this, so the table stays the one declaration."""
+    them with this, so the table stays the one declaration. ``default``: a record's own default
+    where it is not the product's (AcceptanceParams: the paper's rule, a math record)."""
     o = BY_NAME[name]
-    return field(default=tuple(o.default) if o.multiple else o.default, metadata={"option": o})
+    if default is _OWN:
+        default = tuple(o.default) if o.multiple else o.default
+    return field(default=default, metadata={"option": o})
 
 
 def option_of(f: dataclasses.Field) -> Option | None:
@@ -113,6 +119,7 @@ class Request(_OptionRecord):
     ears_alpha: float = opt("ears_alpha")
     top_gap: float = opt("top_gap")
     protect_ends: float | str = opt("protect_ends")  # a number or "off"
+    top_gap_scope: str = opt("top_gap_scope")
     drafter: str = opt("drafter")
     ngram_max: int = opt("ngram_max")
     ngram_min: int = opt("ngram_min")

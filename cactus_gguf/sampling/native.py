@@ -107,7 +107,6 @@ class NativeSampler:
             raise ValueError(f"acceptance must be an AcceptanceParams, got {type(acceptance).__name__}")
         self._n_vocab = int(n_vocab)
         self._sampling = sampling
-        self._acceptance = acceptance
         self._rng = Rng(seed)
         self._rng_p = ctypes.addressof(self._rng._c)
         self._sp = c_params(_SamplerParamsC, sampling)  # built once: every call passes its address
@@ -116,11 +115,8 @@ class NativeSampler:
         self._draft_sampling = draft_sampling(sampling, draft_temp)
         self._dsp = c_params(_SamplerParamsC, self._draft_sampling)
         self._dsp_p = ctypes.addressof(self._dsp)
-        if acceptance.end_mask is not None and acceptance.end_mask.shape != (mask_words(n_vocab),):
-            raise ValueError(f"end_mask must have ceil(V / 32) = {mask_words(n_vocab)} words, got "
-                             f"{acceptance.end_mask.shape}")
-        self._ap = c_params(_AcceptParamsC, acceptance)
-        self._ap_p = ctypes.addressof(self._ap)
+        self._acceptance = None
+        self.use_acceptance(acceptance)
         self._work = np.empty(_workspace_size(self._n_vocab), dtype=np.float32)
         self._work_p = addr(self._work)
         self._probs = np.empty(self._n_vocab, dtype=np.float32)
@@ -147,8 +143,23 @@ class NativeSampler:
 
     @property
     def acceptance(self) -> AcceptanceParams:
-        """The acceptance rule (fixed for the sampler's life)."""
+        """The acceptance rule ``verify`` applies (the constructor's until ``use_acceptance``)."""
         return self._acceptance
+
+    def use_acceptance(self, acceptance: AcceptanceParams) -> None:
+        """Apply ``acceptance`` from the next ``verify`` on (the same object again: nothing to
+        do). Its ``end_mask`` must have the constructor's shape. Raises ValueError otherwise."""
+        if acceptance is self._acceptance:
+            return
+        if not isinstance(acceptance, AcceptanceParams):
+            raise ValueError(f"acceptance must be an AcceptanceParams, got {type(acceptance).__name__}")
+        m = acceptance.end_mask
+        if m is not None and m.shape != (mask_words(self._n_vocab),):
+            raise ValueError(f"end_mask must have ceil(V / 32) = {mask_words(self._n_vocab)} "
+                             f"words, got {m.shape}")
+        self._acceptance = acceptance
+        self._ap = c_params(_AcceptParamsC, acceptance)
+        self._ap_p = ctypes.addressof(self._ap)
 
     # -- warping and sampling ---------------------------------------------------------------
 

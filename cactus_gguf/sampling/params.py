@@ -8,6 +8,8 @@ never re-validates anything.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -61,7 +63,7 @@ class AcceptanceParams:
     - ``accept_top_k``: >= 1 (the authors' default 5).
     - ``ears_alpha``: EARS's tolerance weight alpha, >= 0 (0 is SpS).
     - ``top_gap``: Cactus relaxes only drafts with q[n] >= max(q) exp(-top_gap), nats >= 0; inf =
-      every draft (the paper's).
+      every draft (the paper's, this record's default; a Request's is the product's rule, 0.5).
     - ``end_tau`` and ``end_mask``: protected ends (Cactus): ``end_mask`` uint32
       [ceil(V / 32)] (``native.pack_allowed`` of a bool [V] end set: end-of-generation tokens and
       tokens that start a stop string) or None; at a position with q(E) >= end_tau the emitted law
@@ -80,7 +82,7 @@ class AcceptanceParams:
     budget: str = opt("budget")
     output_kl: bool = opt("output_kl")
     ears_alpha: float = opt("ears_alpha")
-    top_gap: float = opt("top_gap")
+    top_gap: float = opt("top_gap", math.inf)  # the paper's: a Request's default is the product's
     end_tau: float = 2.0  # > 1: no position is protected
     end_mask: np.ndarray | None = field(default=None, compare=False, repr=False)
 

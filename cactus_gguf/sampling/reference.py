@@ -300,7 +300,7 @@ def verify(draft_probs: np.ndarray | None, draft_tokens: np.ndarray, verifier_lo
            typical_epsilon: float = default("typical_epsilon"),
            typical_alpha: float = default("typical_alpha"), accept_top_k: int = default("accept_top_k"),
            uniforms: Iterator[float] | None = None, allowed: np.ndarray | None = None,
-           ears_alpha: float = default("ears_alpha"), top_gap: float = default("top_gap"),
+           ears_alpha: float = default("ears_alpha"), top_gap: float = math.inf,
            end_set: np.ndarray | None = None, end_tau: float = 2.0) -> Step:
     """One draft-verify step (see cactus_native.h), consuming `uniforms` in the C's order.
 
@@ -344,7 +344,7 @@ def emitted_first_token_distribution(p: np.ndarray | None, q: np.ndarray, method
                                      typical_alpha: float = default("typical_alpha"),
                                      accept_top_k: int = 5, drafted: int | None = None,
                                      ears_alpha: float = default("ears_alpha"),
-                                     top_gap: float = default("top_gap"),
+                                     top_gap: float = math.inf,
                                      end_set: np.ndarray | None = None,
                                      end_tau: float = 2.0) -> np.ndarray:
     """Analytic law of the token emitted at a position (Hao & Mou 2026, arXiv:2604.04987; the mixture law of the emitted token):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import secrets
 import threading
 import time
@@ -36,6 +37,7 @@ from ..llama import Context, ContextOptions
 from ..llama.abort import abortable
 from ..llama.context import DecodeCancelled, DecodeError
 from ..options import LoadOptions, Request, constraint_of, validate_pairing
+from ..options.rule import rule_words
 from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampling_params
 from ..sampling.native import pack_allowed
 from ..sampling.constraints import Constraint, tokenizer_for
@@ -50,6 +52,7 @@ from .costs import SlowStepWatch, forward_costs
 from .loading import load_pair
 from .logprobs import LogprobReader
 from .policy import CostAwareDraftLength, FixedDraftLength, ForwardCosts
+from .scope import CodeScope, chat_opening, opens_chat_answer
 from .session import Chunk, Session
 from .step import run_step
 from .vocab import end_set, token_pieces
@@ -181,6 +184,9 @@ class Engine:
                 self.close()
                 raise
         self._lock = threading.RLock()
+        # the vocabulary tables built on first use (end sets, grammar tokenizer, vocabulary maps):
+        # read-only model data, so a caller that will not wait is not held by a generation
+        self._cache_lock = threading.Lock()
         self._owner: Session | None = None  # the session the caches currently hold
         self._costs: ForwardCosts | None = None  # -k auto: probed on first use
         self._costs_k = 0
@@ -189,6 +195,7 @@ class Engine:
         self._grammar_tokenizer = None  # llguidance's view of the vocabulary: on first use
         self._pieces: list[str] | None = None  # every id's text: on first use (protected ends)
         self._end_masks: dict[tuple[str, ...], np.ndarray] = {}  # packed end sets by stop strings
+        self._opening: str | None = None  # the text that opens a chat answer (scope.py)
 
     # -- lifetime ----------------------------------------------------------------------------------
 
@@ -373,6 +380,12 @@ class Engine:
         session = Session(tokens, req, seed, sampler, drafter, self._policy(req, drafter),
                           n_ctx=ver.n_ctx, constraint=self._constraint(req), should_stop=cancel)
         session.stats.draft_vocab = drafter.vocab_method if drafter is not None else None
+        if self._scoped_gap(req, acceptance, tokens):  # the top gap in code only (scope.py)
+            session.scope = CodeScope(acceptance)
+        log.debug("rule: %s%s", rule_words(req), "" if acceptance is None or acceptance.method
+                  != "cactus" or math.isinf(acceptance.top_gap) else
+                  "; the prompt opens a chat answer: the top gap applies in its code blocks only"
+                  if session.scope is not None else "; the top gap applies to the whole answer")
         if req.n_probs is not None:  # log-probabilities of the emitted tokens (logprobs.py)
             session.logprobs = LogprobReader(sampler, req.n_probs, req.post_sampling_probs,
                                              ver.model.token_to_piece)
@@ -393,12 +406,36 @@ class Engine:
                              f"vocabulary, and this request drafts with {{draft_vocab}} {method}: "
                              "set {draft_window} 0", param="draft_window",
                              options=("draft_vocab",))
-        with self._lock:
+        with self._cache_lock:
             translator = self.pair_vocab.translator(ver.model, self.draft.model)
         return ForeignDrafter(self.draft, translator, method, sampling_params(req), seed,
                               lambda text: ver.model.tokenize(text, add_special=False,
                                                               parse_special=False),
                               ver.n_vocab, draft_temp=req.draft_temp)
+
+    def _scoped_gap(self, req: Request, acceptance: AcceptanceParams | None,
+                    tokens: Sequence[int]) -> bool:
+        """Whether the request's top gap applies in code only here: Cactus with a finite top gap,
+        ``top_gap_scope`` code, and a prompt that opens a chat answer (it ends with the chat
+        template's generation prompt; a raw or prefilled completion is code throughout)."""
+        if (acceptance is None or acceptance.method != "cactus" or req.top_gap_scope != "code"
+                or math.isinf(acceptance.top_gap)):
+            return False
+        model = self._live().model
+        return opens_chat_answer(tokens, self._chat_opening(),
+                                 lambda ids: model.detokenize(ids, special=True))
+
+    def _chat_opening(self) -> str:
+        """The text that opens a chat answer after a user's message (scope.py); "" when the
+        model has no chat template. Rendered once."""
+        if self._opening is None:
+            probe = "cactus-gguf probe"
+            try:
+                rendered = self.format_chat([{"role": "user", "content": probe}])
+            except InputError:  # no chat template: no prompt opens a chat answer
+                rendered = ""
+            self._opening = chat_opening(rendered, probe)
+        return self._opening
 
     def _end_mask(self, req: Request) -> np.ndarray | None:
         """The packed end set (uint32 [ceil(V / 32)]) of a Cactus request with ``protect_ends``:
@@ -408,7 +445,7 @@ class Engine:
             return None
         ver = self._live()
         key = tuple(req.stop)
-        with self._lock:
+        with self._cache_lock:
             if key not in self._end_masks:
                 if self._pieces is None:
                     self._pieces = token_pieces(ver.model)
@@ -422,7 +459,7 @@ class Engine:
         if spec is None:
             return None
         ver = self._live()
-        with self._lock:
+        with self._cache_lock:
             if self._grammar_tokenizer is None:
                 self._grammar_tokenizer = tokenizer_for(ver.model)
         return Constraint(spec, self._grammar_tokenizer, ver.n_vocab, ver.model.is_eog)

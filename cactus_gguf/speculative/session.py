@@ -79,6 +79,7 @@ class Session:
         self.device_fallbacks = 0
         self.logprobs = None  # a LogprobReader when the request asks for n_probs (logprobs.py)
         self.token_logprobs: list = []  # one TokenLogprob per emitted token (when asked)
+        self.scope = None  # a CodeScope when the top gap applies to code only (scope.py)
         self._chunked = 0  # emitted tokens handed out in chunks
 
     @property
@@ -108,7 +109,10 @@ class Session:
                 break
             self.committed.append(tok)
             self.out_tokens.append(tok)
-            text = self.text.feed(piece(tok), source)
+            data = piece(tok)
+            if self.scope is not None:
+                self.scope.feed(data)
+            text = self.text.feed(data, source)
             if text:
                 out.append(text)
             if self.text.stopped:

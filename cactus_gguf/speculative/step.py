@@ -157,6 +157,8 @@ def _accept(session: Session, draft: Draft, logits: np.ndarray) -> StepResult:
         token = session.sampler.sample(
             logits[0], allowed=grammar.allowed(0) if grammar is not None else None)
         return StepResult(0, token, 0, 0.0, 0.0)
+    if session.scope is not None:  # the top gap in code only: the rule of the text so far
+        session.sampler.use_acceptance(session.scope.rule)
     return session.sampler.verify(
         device.full_probs(draft, session.sampler.n_vocab), draft.tokens, logits,
         allowed=grammar.rows(len(draft)) if grammar is not None else None)
