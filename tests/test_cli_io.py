@@ -87,7 +87,7 @@ def test_json_has_the_message_and_n_ctx(files):
 def test_ctrl_c_with_json_prints_what_was_generated(files):
     proc = subprocess.Popen(
         [sys.executable, "-m", "cactus_gguf", "run", str(files["ver"]), str(files["dft"]), "-p",
-         "the cat", "-n", "1000000", "-c", "65536", "-t", "1", "-s", "1", "--json", "-v"],
+         "the cat", "-n", "1000000", "-c", "65536", "-t", "1", "-s", "1", "--json", "-vv"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
     started = threading.Event()
 
@@ -244,8 +244,14 @@ def test_verbose_prints_the_draft_length_decisions(files, monkeypatch, tmp_path)
     assert decided, lines[-20:]
     assert "ms for 1 row" in decided[0] and "tokens/s against" in decided[0], decided[0]
     assert any(ln.startswith("prompt of ") and "reused" in ln for ln in lines)
+    assert any(ln.startswith("rule: method cactus delta=1") for ln in lines)
+    assert "verifier: 0/3 layers offloaded (CPU)" in lines and "draft vocabulary: same (draft_vocab " \
+        "auto)" in lines
+    assert not any("llama_context" in ln for ln in lines)  # llama.cpp's log: -vv only
     quiet = run(files, "-p", "the cat", "-n", "4", "-k", "auto", "-c", "256")
     assert "draft length (" not in quiet.stderr
+    louder = run(files, "-p", "the cat", "-n", "4", "-k", "auto", "-c", "256", "-vv")
+    assert "draft length (" in louder.stderr and "llama_context" in louder.stderr
 
 
 # ---- issue 42 item 12: what the summary and `vocab` print ----------------------------------------

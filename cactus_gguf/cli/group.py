@@ -8,6 +8,7 @@ from __future__ import annotations
 import _thread
 import errno
 import functools
+import logging
 import os
 import signal
 import sys
@@ -22,6 +23,16 @@ __all__ = ["main", "fail", "report_error", "exit_interrupted", "interrupt_pendin
 
 _terminated = threading.Event()  # a SIGTERM arrived: exit 143, not 130
 _interrupt_pending = threading.Event()  # a Ctrl-C / SIGTERM landed inside llama.cpp's decode
+
+
+def configure_logging(verbose: int) -> None:
+    """``-v`` (1): cactus-gguf's decision log (its module loggers, DEBUG) on stderr; ``-vv`` (2 or
+    more): llama.cpp's log too (the ``cactus_gguf.llama_cpp`` logger, llama/log.py)."""
+    if verbose <= 0:
+        return
+    logging.basicConfig(level=logging.DEBUG, format="%(message)s")
+    logging.getLogger("cactus_gguf.llama_cpp").setLevel(
+        logging.DEBUG if verbose >= 2 else logging.CRITICAL + 1)
 
 
 def fail(message: str, code: int = 1) -> None:

@@ -66,6 +66,8 @@ def _click_option(o: Option, command: str, grid: bool):
     flags = [f for f in o.flags if f.startswith("-")]
     default = o.default_for(command)
     kw: dict[str, Any] = {"help": _help(o, command), "show_default": o.shown_default is None}
+    if o.count:  # -v, -vv
+        return click.option(*flags, o.name, count=True, **kw)
     if o.type is bool:
         if o.optional:  # three states: on, off, or decided later (None)
             flags = [f"{f}/--no-{f[2:]}" for f in flags if f.startswith("--")]

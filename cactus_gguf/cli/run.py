@@ -1,14 +1,12 @@
 """``cactus-gguf run``: one generation, streamed to stdout, summary on stderr (or ``--json``)."""
 from __future__ import annotations
 
-import logging
-
 import click
 
 from ..errors import CactusError
 from ..options import CONSTRAINTS
 from ..options.rule import rule_words
-from .group import (exit_interrupted, fail, interrupt_pending, model_command,
+from .group import (configure_logging, exit_interrupted, fail, interrupt_pending, model_command,
                     report_error)
 from .params import given
 
@@ -82,8 +80,7 @@ def run(ctx: click.Context, verifier, draft, **_options) -> None:
 
     values = given(ctx)
     models_from_arguments(values, verifier, draft)
-    if values.get("verbose"):
-        logging.basicConfig(level=logging.DEBUG, format="%(message)s")
+    configure_logging(values.get("verbose", 0))
     try:
         plan = planner.plan_run(values)  # validates everything before any model loads
         out = _Output()

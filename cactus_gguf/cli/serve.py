@@ -7,7 +7,6 @@ never a silent end), the models freed; exit code 0. A second Ctrl-C quits at onc
 from __future__ import annotations
 
 import ipaddress
-import logging
 import socket
 import threading
 from typing import TYPE_CHECKING
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..errors import CactusError
-from .group import fail, model_command, report_error
+from .group import configure_logging, fail, model_command, report_error
 from .params import flag_of, given
 
 if TYPE_CHECKING:
@@ -87,8 +86,7 @@ def _serve_plan(ctx: click.Context, verifier, draft) -> ServePlan:
 
     values = given(ctx)
     models_from_arguments(values, verifier, draft)
-    if values.get("verbose"):
-        logging.basicConfig(level=logging.DEBUG, format="%(message)s")
+    configure_logging(values.get("verbose", 0))
     try:
         return planner.plan_serve(values)
     except (CactusError, OSError) as e:

@@ -119,6 +119,7 @@ class Option:
         anything loads; api.read_file_options); the API and the server take the text itself.
     normalize: applied to a value before it is checked (e.g. a JSON Schema dict -> JSON text).
     words: names a numeric option also takes in place of a number (``-k auto``).
+    count: an int option given by repeating its flag (``-vv`` = 2).
     applies: a setting of speculation (the server's ``speculative`` object takes exactly these,
         and results report each one: options/rule.py): ``()`` when it applies whenever the
         request speculates, else the conditions ``(option, values)`` under which it does, all
@@ -146,6 +147,7 @@ class Option:
     normalize: Callable[[Any], Any] | None = None
     words: tuple[str, ...] = ()
     applies: tuple[tuple[str, tuple[Any, ...]], ...] | None = None
+    count: bool = False  # an int given by repeating the flag (-v, -vv)
 
     def default_for(self, command: str | None) -> Any:
         return self.command_defaults.get(command, self.default) if command else self.default
@@ -426,8 +428,11 @@ OPTIONS: tuple[Option, ...] = (
     # -- run: output -----------------------------------------------------------------------------
     Option("json", bool, False, "print one JSON object (text, settings, all statistics) instead of "
            "streaming", ("--json",), scope="run", commands=frozenset({"run", "models", "vocab"})),
-    Option("verbose", bool, False, "show llama.cpp's log", ("-v", "--verbose"), scope="run",
-           commands=_GEN),
+    Option("verbose", int, 0, "`-v`: cactus-gguf's decisions on stderr (the draft length and "
+           "why, drafting stopped, the rule and where its top gap applies, prefix reuse, the "
+           "draft's vocabulary method, where each model's layers went); `-vv`: llama.cpp's log "
+           "too", ("-v", "--verbose"), scope="run", commands=_GEN, count=True,
+           range=Range(lo=0)),
     Option("list_devices", bool, False, "print this llama.cpp build's backends and devices (with "
            "their memory) and the devices the verifier's and the draft's offloaded layers would "
            "use under the other options (`-ngl`, `--device`, `--rpc`...), then exit (as llama.cpp's "

@@ -159,6 +159,9 @@ class Engine:
         self.verifier, self.draft, self.pair_vocab = load_pair(
             verifier, draft, self.load_options, draft_context=draft_context, repack=repack,
             load_mtp=mtp)
+        for role, c in (("verifier", self.verifier), ("draft", self.draft)):
+            if c is not None:
+                log.debug("%s: %s", role, c.model.placement.summary())
         #: the verifier's MTP head (``--drafter mtp`` at load), kept in step with it (mtp.py)
         self.mtp: MtpHead | None = None
         if mtp:
@@ -399,6 +402,7 @@ class Engine:
         ``draft_vocab`` resolves to (speculative/foreign.py). Raises InputError (a method the
         pair cannot use; ``draft_window`` with a foreign draft)."""
         ver, method = self._live(), self.pair_vocab.method_for(req.draft_vocab)
+        log.debug("draft vocabulary: %s (draft_vocab %s)", method, req.draft_vocab)
         if method == "same":
             return ModelDrafter(self.draft, ver.n_vocab, req.draft_window)
         if req.draft_window:
