@@ -17,8 +17,12 @@
 4. **Cost probe**: median ms of one ``llama_decode`` of the verifier with 1 … 17 tokens (all rows'
    logits, as in verification) and of the draft with 1 token (speculative/costs.py): the curve
    ``-k auto`` plans with.
-5. **Small bench**: ``cactus-gguf bench`` of none, sps and the default rule (cactus-ends: δ = 1,
-   protected ends) on the first prompts, sampled with the pair's settings, on the device: per answer (seconds, verifier calls, tokens)
+4b. **Split placements**: the verifier on the device and the draft on the CPU, the reverse, and
+   10 of the verifier's layers offloaded: greedy SpS equals the verifier alone placed the same,
+   on the first prompt (``run -ngl N -ngld M``; the tests check these placements on tiny models,
+   tests/test_vulkan.py).
+5. **Small bench**: ``cactus-gguf bench`` of none, sps and the default rule (cactus-ends-gap:
+   δ = 1, protected ends, the top gap) on the first prompts, sampled with the pair's settings, on the device: per answer (seconds, verifier calls, tokens)
    and per token, its bench.json / bench.md under OUT/bench.
 
 Writes OUT/gpu-check.json (everything) and OUT/gpu-check.md (the tables). Exit code 1 when a
@@ -91,6 +95,32 @@ def greedy(engine, texts: list[str], n_predict: int) -> list[dict]:
     return rows
 
 
+SPLITS = (("99", "0"), ("0", "99"), ("10", "99"))  # (-ngl, -ngld): draft-cpu, verifier-cpu, partial
+
+
+def split_placements(ver: str, dft: str, text: str, args) -> list[dict]:
+    """Per (-ngl, -ngld) of SPLITS: where each model went and whether greedy SpS (k 4) gave the
+    tokens of the verifier alone placed the same (12 tokens of ``text``)."""
+    rows = []
+    for ngl, ngld in SPLITS:
+        got = {}
+        for method in ("none", "sps"):
+            r = cli("run", ver, dft, "-p", text, "-n", "12", "-c", str(args.ctx_size), "-ngl", ngl,
+                    "-ngld", ngld, "--method", method, "-k", "4", "--temp", "0", "-t",
+                    str(args.threads), "--json")
+            if r.returncode != 0:
+                sys.exit(f"gpu_check: run -ngl {ngl} -ngld {ngld} failed: {r.stderr[-2000:]}")
+            got[method] = json.loads(r.stdout)
+        row = {"ngl": ngl, "ngld": ngld,
+               "verifier": got["sps"]["placement"]["verifier"]["summary"],
+               "draft": got["sps"]["placement"]["draft"]["summary"],
+               "n_drafted": got["sps"]["n_drafted"], "n_accepted": got["sps"]["n_accepted"],
+               "same_as_verifier_alone": got["sps"]["tokens"] == got["none"]["tokens"]}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
 def measure(args) -> int:
     from cactus_gguf import Engine, LoadOptions
     from cactus_gguf.llama.hw import build_facts, machine_facts
@@ -127,13 +157,16 @@ def measure(args) -> int:
                                                      repeats=args.repeats)
         report["probe_seconds"] = time.monotonic() - t0
     t0 = time.monotonic()
+    report["splits"] = split_placements(ver, dft, texts[0], args)
+    report["splits_seconds"] = time.monotonic() - t0
+    t0 = time.monotonic()
     bench_dir = out / "bench"
     sampling = [f"--{name.replace('_', '-')}={settings[name]}"
                 for name in ("temperature", "top_k", "top_p", "min_p") if name in settings]
     sampling = [s.replace("--temperature", "--temp") for s in sampling]
     r = cli("bench", "-m", ver, "-md", dft, "--limit", str(args.prompts), "-n",
             str(args.n_predict), "-c", str(args.ctx_size), "-k", "4",
-            "--configs", "none,sps,cactus-ends@1", *sampling,
+            "--configs", "none,sps,cactus-ends-gap@1", *sampling,
             *ALL_LAYERS, "-t", str(args.threads), "--forward-repeats", "1", "--no-progress",
             "--no-plot", "--output", str(bench_dir))
     if r.returncode != 0:
@@ -142,7 +175,8 @@ def measure(args) -> int:
     report["bench"] = str(bench_dir.relative_to(out))
     report["bench_per_answer"] = per_answer(bench_dir)
     report["total_seconds"] = time.monotonic() - t_start
-    report["greedy_all_equal"] = all(row["same_as_verifier_alone"] for row in report["greedy"])
+    report["greedy_all_equal"] = all(row["same_as_verifier_alone"]
+                                     for row in report["greedy"] + report["splits"])
     write_report(out, report)
     return 0 if report["greedy_all_equal"] else 1
 
@@ -175,6 +209,12 @@ def write_report(out: Path, report: dict) -> None:
     md += [f"| {g['prompt']} | {g['method']} | {g['n_tokens']} | "
            f"{'yes' if g['same_as_verifier_alone'] else '**NO**'} | {g['verifier_calls']} | "
            f"{g['n_drafted']} | {g['n_accepted']} |" for g in report["greedy"]]
+    md += ["", "## Split placements: greedy SpS equals the verifier alone placed the same "
+           "(prompt 0, -n 12)", "", "| -ngl | -ngld | verifier | draft | same tokens | drafted | "
+           "accepted |", "|---|---|---|---|---|---|---|"]
+    md += [f"| {r['ngl']} | {r['ngld']} | {r['verifier']} | {r['draft']} | "
+           f"{'yes' if r['same_as_verifier_alone'] else '**NO**'} | {r['n_drafted']} | "
+           f"{r['n_accepted']} |" for r in report.get("splits", [])]
     fwd = report["forward_ms"]
     sizes = sorted(fwd["verifier"], key=int)
     md += ["", f"## Forward cost: median ms of one llama_decode ({fwd['repeats']} repeats, "
