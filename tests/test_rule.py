@@ -28,7 +28,7 @@ def test_the_speculation_settings_are_the_tables_request_options_but_sampling_an
     # body's top level (OpenAI's and llama-server's fields), the rule does not name them
     assert others == {"n_predict", "temperature", "top_k", "top_p", "min_p", "seed", "stop",
                       "grammar", "json_schema", "json_object", "cache_prompt", "n_probs",
-                      "post_sampling_probs"}
+                      "post_sampling_probs", "backend_sampling"}
     for o in SPECULATION:  # a condition names another option and values it takes
         for name, values in o.applies:
             assert name in options.BY_NAME and all(

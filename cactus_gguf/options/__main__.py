@@ -1,6 +1,6 @@
 """python -m cactus_gguf.options [COMMAND]: print the README's flag table of COMMAND (default run)."""
 import sys
 
-from . import markdown_table
+from .table import markdown_table
 
 print(markdown_table(sys.argv[1] if len(sys.argv) > 1 else "run"), end="")

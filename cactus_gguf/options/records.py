@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
 from ..errors import InputError
-from . import BY_NAME, Option, check_value, options_in
+from .table import BY_NAME, Option, check_value, options_in
 
 
 _OWN = object()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import Option, options_in
+from .table import Option, options_in
 
 __all__ = ["SPECULATION", "applies", "rule_of", "rule_words", "json_number"]
 
