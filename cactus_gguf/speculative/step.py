@@ -142,9 +142,8 @@ def _accept_rows(session: Session, draft: Draft,
     """``_accept`` on the verifier's exact device rows (device.py; no grammar)."""
     if not session.request.speculates:
         return StepResult(0, device.sample_row(session.sampler, rows[0]), 0, 0.0, 0.0)
-    scope = getattr(session, "scope", None)
-    if scope is not None:  # the top gap in code only (as _accept)
-        session.sampler.use_acceptance(scope.rule)
+    if session.scope is not None:  # the top gap in code only (as _accept)
+        session.sampler.use_acceptance(session.scope.rule)
     return device.verify_rows(session.sampler, draft, rows)
 
 
