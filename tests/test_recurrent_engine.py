@@ -99,7 +99,8 @@ def test_first_emitted_token_follows_the_exact_law_with_a_hybrid_verifier(models
             out.append(NativeSampler(m.n_vocab, sampling, AcceptanceParams(), 0).warp(row))
     expected = reference.emitted_first_token_distribution(p[0], q[0], method, delta=delta)
     counts = np.zeros(len(q[0]), np.int64)
-    with make_engine(ver, dft, temp=1.0, top_k=8, k=2, method=method, delta=delta) as eng:
+    with make_engine(ver, dft, temp=1.0, top_k=8, k=2, method=method, delta=delta,
+                     top_gap=float("inf"), protect_ends="off") as eng:  # the reference's rule
         for seed in range(4000):  # n_predict 3: each run also rolls back a step
             res = eng.generate("the cat sat on", n_predict=3, seed=seed)
             counts[res.tokens[0] if res.tokens else eng.verifier.model.eos] += 1

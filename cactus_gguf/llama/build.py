@@ -139,19 +139,34 @@ def _cpu_key() -> str:
     return f"{platform.machine()} {flags}"
 
 
+def _server_root() -> Path:
+    """The cache directory of this llama-cpp-python version's llama-server build on this CPU."""
+    ver = llama_cpp_python_version()
+    key = hashlib.sha256((" ".join(SERVER_FLAGS) + "\n" + _cpu_key()).encode()).hexdigest()[:8]
+    return cache_root() / "llama-server" / f"{ver}-{key}"
+
+
+def llama_server_found() -> Path | None:
+    """The ``llama-server`` that is there without a build: on PATH, else the cached build; None
+    when neither is."""
+    found = shutil.which(SERVER_BINARY)
+    if found:
+        return Path(found)
+    root = _server_root()
+    binary = root / "bin" / SERVER_BINARY
+    return binary if (root / "DONE").exists() and binary.exists() else None
+
+
 def llama_server(*, sdist: Path | None = None, jobs: int | None = None,
                  log: Callable[[str], None] | None = None) -> Path:
     """The ``llama-server`` to run: on PATH, else built (once, cached; see the module's text).
     ``log`` receives a line before a build starts. Raises BuildError."""
-    found = shutil.which(SERVER_BINARY)
-    if found:
-        return Path(found)
+    found = llama_server_found()
+    if found is not None:
+        return found
     ver = llama_cpp_python_version()
-    key = hashlib.sha256((" ".join(SERVER_FLAGS) + "\n" + _cpu_key()).encode()).hexdigest()[:8]
-    root = cache_root() / "llama-server" / f"{ver}-{key}"
+    root = _server_root()
     binary, done = root / "bin" / SERVER_BINARY, root / "DONE"
-    if done.exists() and binary.exists():
-        return binary
     from ..registry.cache import locked
 
     try:
