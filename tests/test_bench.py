@@ -112,7 +112,7 @@ def test_runs_are_interleaved_in_rotated_order(tiny_run):
         c = by_id[cid]
         assert method == c["acceptance"]
         assert reuse is False  # every run decodes its prompt: no configuration gets it for free
-        assert seed == plan.seed + pi // C
+        assert seed == plan.base.seed + pi // C
         if c["method"] == "cactus":
             assert delta == c["delta"]
         if c["drafter"] is not None:

@@ -63,14 +63,6 @@ class BenchPlan:
     warmup: bool = True
 
     @property
-    def n_predict(self) -> int:
-        return self.base.n_predict
-
-    @property
-    def seed(self) -> int:
-        return self.base.seed
-
-    @property
     def forward_ks(self) -> list[int]:
         """The draft lengths whose verification the forward-cost table times: the fixed ks, and
         under ``auto`` its ceiling k_max."""
@@ -303,7 +295,7 @@ def _decode_one(plan: BenchPlan, engines: dict, rendered: list[tuple[str, tuple]
     p, c = plan.prompts[pi], plan.configs[ci]
     decoder = c.get("decoder", "verifier")
     bar.set_postfix_str(f"{p.id} {c['label']}", refresh=False)
-    seed = plan.seed + pi
+    seed = plan.base.seed + pi
     text, stop = rendered[pi]
     if decoder == _peers.DECODER:  # llama-server: the verifier's token ids of the same text
         record = engines[c["id"]].complete(engines["verifier"].tokenize(text), plan.base, seed,
@@ -484,13 +476,13 @@ def _warm_up(plan: BenchPlan, engines: dict[str, Engine], first_tokens: list[int
     one on the pair, and the draft alone when it runs (on the text: its own tokens)."""
     ours = [c for c in plan.configs if c.get("decoder", "verifier") == "verifier"]
     warm = [c for c in ours if c["drafter"] in MODEL_DRAFTERS][:1] + ours[:1]
-    warm_n = min(16, plan.n_predict) if plan.n_predict > 0 else 16  # -n -1: unbounded
+    warm_n = min(16, plan.base.n_predict) if plan.base.n_predict > 0 else 16  # -n -1: unbounded
     for c in warm:
         engines["verifier"].generate(first_tokens, request_for(plan.base, c), n_predict=warm_n)
     for c in plan.configs:  # each llama-server pages its models in too
         if c.get("decoder") == _peers.DECODER:
             engines[c["id"]].complete(first_tokens, plan.base.replace(n_predict=warm_n),
-                                      plan.seed, ())
+                                      plan.base.seed, ())
     if "draft" in engines:
         engines["draft"].generate(first_text, plan.base.replace(method="none"),
                                   n_predict=warm_n)
