@@ -189,15 +189,15 @@ def test_decode_returns_the_right_rows_when_the_batch_is_chunked(endless):
 
 
 def test_kv_cache_guard_refuses_exactly_above_physical_memory(models, monkeypatch):
-    from cactus_gguf.llama import Context, ContextOptions, KvCacheTooLargeError, context
+    from cactus_gguf.llama import Context, ContextOptions, KvCacheTooLargeError, placement
 
     with Context.load(models["ver"], context_options=ContextOptions(n_ctx=4096, n_threads=1)) as m:
         est = m.model.kv_cache_bytes(m.n_ctx)
     assert est == 4096 * 2 * 2 * 64 * 2  # n_ctx x 2 layers x (K + V) x 64 dims x f16
     opts = ContextOptions(n_ctx=4096, n_threads=1)
-    monkeypatch.setattr(context, "physical_memory", lambda: est)
+    monkeypatch.setattr(placement, "physical_memory", lambda: est)
     Context.load(models["ver"], context_options=opts).close()
-    monkeypatch.setattr(context, "physical_memory", lambda: est - 1)
+    monkeypatch.setattr(placement, "physical_memory", lambda: est - 1)
     with pytest.raises(KvCacheTooLargeError, match=r"n_ctx=4096 needs about 0\.0 GiB of KV cache"):
         Context.load(models["ver"], context_options=opts)
 

@@ -49,13 +49,14 @@ import numpy as np
 import llama_cpp
 from llama_cpp import _internals
 
-from ..errors import CapacityError, EngineError, InputError
+from ..errors import InputError
 from ..options import check_fields, default, opt
 from . import devices, log
-from .hw import default_threads, physical_memory
+from .hw import default_threads
 from .model import ModelLoadError, Model, ModelOptions
 from .lavapipe import WarmupFailedError, WarmupPlan, warmup_plan, warmup_wanted
-from .placement import kv_shares
+from .device_top_k import DecodeCancelled, DecodeError, DeviceTopK
+from .placement import KvCacheTooLargeError, check_kv_cache_fits
 
 __all__ = ["ContextOptions", "Context", "DecodeError", "DecodeCancelled", "KvCacheTooLargeError",
            "RS_SNAPSHOTS"]
@@ -69,21 +70,6 @@ RS_SNAPSHOTS: int = default("k_max")
 #: checkpoints a context keeps: the oldest (usually the prompt's end) and the newest others
 MAX_CHECKPOINTS = 4
 _PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-
-
-class DecodeError(EngineError):
-    """``llama_decode`` returned a non-zero status, or a KV-cache edit failed."""
-
-
-class DecodeCancelled(DecodeError):
-    """A decode of several ``n_batch`` chunks was stopped between two of them (see
-    :meth:`Context.interruptible`); the KV cache holds the chunks decoded before."""
-
-
-class KvCacheTooLargeError(CapacityError):
-    """The KV cache of the requested n_ctx would not fit in the machine's memory."""
-
-    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -120,31 +106,7 @@ _FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
                "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
-def _check_kv_cache_fits(model: Model, n_ctx: int) -> None:
-    """Raise KvCacheTooLargeError when the KV cache of ``n_ctx`` tokens (``kv_cache_bytes``) is
-    larger than the machine's memory, or a device's share of it than that device's free memory."""
-    # A KV cache larger than the machine's memory is not an error in llama.cpp: it allocates
-    # (or spends minutes trying) until the OOM killer ends the process. Refuse it up front.
-    kv_bytes, ram = model.kv_cache_bytes(n_ctx), physical_memory()
-    if ram and kv_bytes > ram:
-        raise KvCacheTooLargeError(
-            f"{{n_ctx}}={n_ctx} needs about {kv_bytes / 2**30:.1f} GiB of KV cache for "
-            f"{model.path.name}, more than this machine's {ram / 2**30:.1f} GiB of memory: "
-            "lower {n_ctx}", param="n_ctx")
-    # ... and a device's share larger than its free memory (ggml's figure for it, after the
-    # weights): llama.cpp would fail to allocate it (or, on a driver that oversubscribes,
-    # page it to and fro); llama.cpp's own `--fit` would shrink the context instead
-    for name, description, share, free in (kv_shares(model.placement, kv_bytes)
-                                             if model.placement is not None else ()):
-        if share > free:
-            raise KvCacheTooLargeError(
-                f"{{n_ctx}}={n_ctx} needs about {share / 2**30:.1f} GiB of KV cache on "
-                f"{name} ({description}) for {model.path.name}, more than its "
-                f"{free / 2**30:.1f} GiB free: lower {{n_ctx}} (or offload fewer layers)",
-                param="n_ctx")
-
-
-class Context:
+class Context(DeviceTopK):
     """A single-sequence llama.cpp context over ``model``.
 
     ``tokens``: the ids at positions 0 .. n_past-1 of the KV cache (read-only for callers; every
@@ -164,7 +126,8 @@ class Context:
         self._remote = model.remote
         self._ctx: _internals.LlamaContext | None = None
         self._batch: _internals.LlamaBatch | None = None
-        _check_kv_cache_fits(model, options.n_ctx or model.n_ctx_train)
+        n_ctx = options.n_ctx or model.n_ctx_train
+        check_kv_cache_fits(n_ctx, model.kv_cache_bytes(n_ctx), model.placement, model.path.name)
         self.n_threads = options.n_threads or default_threads()
         self._create(options)
         self.n_ctx: int = llama_cpp.llama_n_ctx(self.ptr)
@@ -403,70 +366,6 @@ class Context:
         if self.device_top_k:  # what decode_full_again decodes again
             self._last_decode = (start, list(tokens), n_logits)
         return self.logits(n_logits) if n_logits else np.empty((0, self.n_vocab), np.float32)
-
-    # -- backend (device-side) top-K -------------------------------------------------------------
-
-    @property
-    def can_sample_on_device(self) -> bool:
-        """Whether :meth:`set_device_top_k` may attach a sampler: the build has llama.cpp's backend
-        sampling API, and the model keeps no recurrent state (the fallback of
-        :meth:`decode_full_again` rolls a whole batch back) and is not split over RPC."""
-        return (hasattr(llama_cpp, "llama_set_sampler") and not self.recurrent
-                and not self._remote and self.on_decode is None)
-
-    def set_device_top_k(self, k: int) -> bool:
-        """Attach llama.cpp's backend sampler chain ``top_k(k)`` to sequence 0 (k > 0), or detach
-        it (k = 0): with one attached, every decode's output rows hold only their k largest logits
-        and their ids, on the device, inside the decode graph (:meth:`candidates`), and no full
-        logits rows are copied out (what :meth:`decode` returns is then stale). A fresh chain per
-        attach (llama.cpp initialises a chain once). Returns whether the context now does as asked
-        (False: llama.cpp refused; nothing attached). A change re-reserves llama.cpp's graph."""
-        if k == self.device_top_k:
-            return True
-        if k > 0 and not self.can_sample_on_device:
-            return False
-        chain = None
-        if k > 0:
-            chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(k))
-            self._chains.append(chain)
-        ok = bool(llama_cpp.llama_set_sampler(self.ptr, 0, chain))
-        self.device_top_k = k if ok else 0
-        self._last_decode = None
-        if not ok and k > 0:
-            llama_cpp.llama_set_sampler(self.ptr, 0, None)
-        return ok
-
-    def candidates(self, n_rows: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The last decode's ``n_rows`` output rows under the attached top-K
-        (:meth:`set_device_top_k`): per row (ids int32 [K], logits float32 [K]), copies, in
-        llama.cpp's order (not sorted); the logits are the row's own float32 values."""
-        out = []
-        for i in range(-n_rows, 0):
-            n = llama_cpp.llama_get_sampled_candidates_count_ith(self.ptr, i)
-            m = llama_cpp.llama_get_sampled_logits_count_ith(self.ptr, i)
-            ids_p = llama_cpp.llama_get_sampled_candidates_ith(self.ptr, i)
-            lg_p = llama_cpp.llama_get_sampled_logits_ith(self.ptr, i)
-            if n != m or n < 1 or not ids_p or not lg_p:
-                raise DecodeError(f"llama.cpp returned no backend top-K row {i} "
-                                  f"({n} candidates, {m} logits)")
-            out.append((np.ctypeslib.as_array(ids_p, shape=(n,)).astype(np.int32),
-                        np.ctypeslib.as_array(lg_p, shape=(n,)).copy()))
-        return out
-
-    def decode_full_again(self) -> np.ndarray:
-        """The last decode again, with the backend sampler detached: roll its tokens back, decode
-        them again, and return its full logits rows (float32 [n_logits, V], as :meth:`decode`).
-        The sampler stays detached (attach it again with :meth:`set_device_top_k`). For a row
-        whose top K llama.cpp cannot tell exactly (a tie at the K-th logit). Raises DecodeError."""
-        if self._last_decode is None:
-            raise DecodeError("no decode to repeat without the backend sampler")
-        start, tokens, n_logits = self._last_decode
-        if self.n_past != start + len(tokens) or self.tokens[start:] != tokens:
-            raise DecodeError("the cache moved since the decode to repeat")
-        self.set_device_top_k(0)
-        self.forget(start)
-        return self.decode(tokens, n_logits=n_logits)
 
     def decode_states(self, tokens: Sequence[int], states: np.ndarray) -> np.ndarray:
         """An MTP context's decode (ContextOptions.mtp): append ``tokens`` (int [n], n <=

@@ -19,11 +19,13 @@ from typing import Callable, Sequence
 
 import llama_cpp
 
+from ..errors import CapacityError
 from . import devices
 from .devices import _DEV_CPU, _DEV_GPU, _DEV_IGPU, _P, _dev_description, _dev_name, _fn
+from .hw import physical_memory
 
 __all__ = ["LayerPlacement", "device_report", "device_memory", "parse_layer_lines", "devices_key",
-           "kv_shares", "on_lavapipe"]
+           "kv_shares", "on_lavapipe", "KvCacheTooLargeError", "check_kv_cache_fits"]
 
 _DEV_ACCEL = 3  # enum ggml_backend_dev_type: CPU, GPU, IGPU, ACCEL
 _TYPE_NAMES = {_DEV_CPU: "CPU", _DEV_GPU: "GPU", _DEV_IGPU: "integrated GPU",
@@ -207,3 +209,37 @@ def device_report(load, *, with_draft: bool = True,
     if draft is not None:
         lines.append(draft)
     return lines
+
+
+class KvCacheTooLargeError(CapacityError):
+    """The KV cache of the requested n_ctx would not fit in the machine's memory."""
+
+    exit_code = 2
+
+
+
+def check_kv_cache_fits(n_ctx: int, kv_bytes: int, placement: LayerPlacement | None,
+                        model_name: str) -> None:
+    """Raise KvCacheTooLargeError when a KV cache of ``n_ctx`` tokens, ``kv_bytes`` bytes
+    (Model.kv_cache_bytes), is larger than the machine's memory, or a device's share of it under
+    ``placement`` (None: all on the CPU) than that device's free memory. ``model_name`` names the
+    model in the message."""
+    # A KV cache larger than the machine's memory is not an error in llama.cpp: it allocates
+    # (or spends minutes trying) until the OOM killer ends the process. Refuse it up front.
+    ram = physical_memory()
+    if ram and kv_bytes > ram:
+        raise KvCacheTooLargeError(
+            f"{{n_ctx}}={n_ctx} needs about {kv_bytes / 2**30:.1f} GiB of KV cache for "
+            f"{model_name}, more than this machine's {ram / 2**30:.1f} GiB of memory: "
+            "lower {n_ctx}", param="n_ctx")
+    # ... and a device's share larger than its free memory (ggml's figure for it, after the
+    # weights): llama.cpp would fail to allocate it (or, on a driver that oversubscribes,
+    # page it to and fro); llama.cpp's own `--fit` would shrink the context instead
+    for name, description, share, free in (kv_shares(placement, kv_bytes)
+                                             if placement is not None else ()):
+        if share > free:
+            raise KvCacheTooLargeError(
+                f"{{n_ctx}}={n_ctx} needs about {share / 2**30:.1f} GiB of KV cache on "
+                f"{name} ({description}) for {model_name}, more than its "
+                f"{free / 2**30:.1f} GiB free: lower {{n_ctx}} (or offload fewer layers)",
+                param="n_ctx")
