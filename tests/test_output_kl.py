@@ -213,7 +213,8 @@ def test_bad_rows_are_refused():
 def real(qwen_pair):
     ver, dft = qwen_pair
     with Engine(ver, dft, LoadOptions(n_ctx=1024),
-                defaults=Request(k=4, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)) as eng:
+                defaults=Request(k=4, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                                 top_gap=float("inf"), protect_ends="off")) as eng:  # paper's
         yield eng
 
 

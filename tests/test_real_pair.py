@@ -19,7 +19,9 @@ PROMPTS = ["def fibonacci(n):", "Write a short story about a robot:",
 @pytest.fixture(scope="module")
 def real(qwen_pair):
     ver, dft = qwen_pair
-    with Engine(ver, dft, LoadOptions(n_ctx=1024), defaults=Request(k=4, **PAPER_SAMPLING)) as dec:
+    # the paper's sampling and rule (no top gap, no protected ends): the paper's properties
+    with Engine(ver, dft, LoadOptions(n_ctx=1024), defaults=Request(
+            k=4, top_gap=float("inf"), protect_ends="off", **PAPER_SAMPLING)) as dec:
         yield dec
 
 
