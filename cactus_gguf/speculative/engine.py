@@ -59,6 +59,16 @@ from .vocab import end_set, token_pieces
 
 __all__ = ["Engine", "Stream", "Chunk"]
 
+
+def _gap_words(acceptance: AcceptanceParams | None, scope: CodeScope | None) -> str:
+    """Where a request's top gap applies, for the ``-v`` rule line ("" without one)."""
+    if acceptance is None or acceptance.method != "cactus" or math.isinf(acceptance.top_gap):
+        return ""
+    if scope is not None:
+        return "; the prompt opens a chat answer: the top gap applies in its code blocks only"
+    return "; the top gap applies to the whole answer"
+
+
 log = logging.getLogger(__name__)
 
 
@@ -385,10 +395,8 @@ class Engine:
         session.stats.draft_vocab = drafter.vocab_method if drafter is not None else None
         if self._scoped_gap(req, acceptance, tokens):  # the top gap in code only (scope.py)
             session.scope = CodeScope(acceptance)
-        log.debug("rule: %s%s", rule_words(req), "" if acceptance is None or acceptance.method
-                  != "cactus" or math.isinf(acceptance.top_gap) else
-                  "; the prompt opens a chat answer: the top gap applies in its code blocks only"
-                  if session.scope is not None else "; the top gap applies to the whole answer")
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("rule: %s%s", rule_words(req), _gap_words(acceptance, session.scope))
         if req.n_probs is not None:  # log-probabilities of the emitted tokens (logprobs.py)
             session.logprobs = LogprobReader(sampler, req.n_probs, req.post_sampling_probs,
                                              ver.model.token_to_piece)
