@@ -109,6 +109,12 @@ static const abi_row ABI_LAYOUT[] = {
     FIELD_ROW(cg_law, kl),
     FIELD_ROW(cg_law, acceptance),
     FIELD_ROW(cg_law, delta),
+    STRUCT_ROW(cg_row_reader),
+    FIELD_ROW(cg_row_reader, ctx),
+    FIELD_ROW(cg_row_reader, candidates),
+    FIELD_ROW(cg_row_reader, candidates_count),
+    FIELD_ROW(cg_row_reader, logits),
+    FIELD_ROW(cg_row_reader, logits_count),
 };
 
 const char *cg_abi_field(int32_t i, int64_t *offset, int64_t *size)

@@ -288,6 +288,60 @@ CG_API cg_status cg_verify(const float *draft_probs, const int32_t *draft_tokens
 CG_API cg_status cg_emitted_law(const float *p, int32_t token, const float *q, int32_t n_vocab,
                                 const cg_accept_params *ap, float *work, double *law, cg_law *out);
 
+/* Compact rows. When the warps keep at most K tokens (top-k K > 0), a row needs only the ids that
+ * can be kept: llama.cpp's backend sampler (llama.h, llama_set_sampler with a top-k(K + 1) chain)
+ * leaves each output row's K + 1 largest logits and their ids on the device, and the step runs on
+ * the union U of its rows' ids (ascending), every row gathered into U (-inf logits, 0 probabilities
+ * outside its own ids): cg_verify / cg_warp_sample with n_vocab = |U| then give the full rows'
+ * results index for index, with the same uniforms, because the warps select by (logit descending,
+ * id ascending) and every draw walks the kept ids in id order skipping zeros. A row is exact when
+ * its (K + 1)-th largest logit is strictly below its K-th: its K + 1 ids then hold every id the
+ * top K can keep, whatever the ties inside it.
+ *
+ * The reader: llama.cpp's accessors of those rows, called with the context and an output index i
+ * (negative: from the last row), given as pointers so the helper does not link llama.cpp
+ * (llama_get_sampled_candidates_ith, _candidates_count_ith, _logits_ith, _logits_count_ith; their
+ * struct llama_context * is passed as the void * ctx). */
+typedef struct {
+    void *ctx;
+    const int32_t *(*candidates)(void *ctx, int32_t i);
+    uint32_t (*candidates_count)(void *ctx, int32_t i);
+    const float *(*logits)(void *ctx, int32_t i);
+    uint32_t (*logits_count)(void *ctx, int32_t i);
+} cg_row_reader;
+
+/* Read the last decode's last n_rows output rows (i = -n_rows .. -1) of `width` = K + 1
+ * candidates each: row r into ids int32 [n_rows, width] ascending and logits float32 [n_rows,
+ * width] (the row's own float32 values). *inexact: the first row that is not exact (its count is
+ * not width, an id outside [0, n_vocab) or repeated, a NaN, or its smallest logit not strictly
+ * below the others), -1 when every row is; rows from there on are not read. One call per step:
+ * no per-row crossing of a binding. Errors: CG_ERR_BAD_ARGUMENT (NULL pointers, n_rows < 1,
+ * width < 2, n_vocab < 1). */
+CG_API cg_status cg_read_rows(const cg_row_reader *rd, int32_t n_rows, int32_t width,
+                              int32_t n_vocab, int32_t *ids, float *logits, int32_t *inexact);
+
+/* The union U of a step's compact rows and every row gathered into it, for cg_verify over |U| ids:
+ *   ver_ids, ver_logits: int32 / float32 [n_ver, ver_width], ids ascending (cg_read_rows)
+ *   draft_ids, draft_probs: int32 / float32 [n_draft, draft_width] (NULL when n_draft = 0): each
+ *                draft row's ids ascending, entries with id < 0 skipped (padding)
+ *   draft_tokens: int32 [n_tokens], the drafted ids (in U even if no row holds them)
+ *   end_mask:    uint32 [ceil(n_vocab / 32)] the acceptance's end set (cg_accept_params), or NULL
+ *   scratch:     int32 [capacity];  capacity >= n_ver ver_width + n_draft draft_width + n_tokens
+ * out: u_ids int32 [capacity] (U in [0, *n_out)), u_logits float32 [n_ver, |U|] (row stride |U|;
+ * buffer of n_ver capacity), u_probs float32 [n_draft, |U|] (buffer of n_draft capacity), u_tokens
+ * int32 [n_tokens] (each drafted token's index in U), u_end uint32 [ceil(|U| / 32)] (end_mask's
+ * bits at U; buffer of ceil(capacity / 32) words; only with end_mask), *n_out = |U|.
+ * Cost O(rows x |U|). Errors: CG_ERR_BAD_ARGUMENT (NULL pointers, too small a capacity, an id
+ * outside [0, n_vocab), a row not ascending). */
+CG_API cg_status cg_compact_union(const int32_t *ver_ids, const float *ver_logits, int32_t n_ver,
+                                  int32_t ver_width, const int32_t *draft_ids,
+                                  const float *draft_probs, int32_t n_draft, int32_t draft_width,
+                                  const int32_t *draft_tokens, int32_t n_tokens,
+                                  const uint32_t *end_mask, int32_t n_vocab, int32_t capacity,
+                                  int32_t *scratch, int32_t *u_ids, float *u_logits,
+                                  float *u_probs, int32_t *u_tokens, uint32_t *u_end,
+                                  int32_t *n_out);
+
 /* What the library is, for a caller that binds it at run time (ctypes): enum names, struct layouts.
  *
  * The name of each enum value, or NULL for a value outside [0, CG_*_COUNT): statuses ("ok",
@@ -304,10 +358,10 @@ CG_API const char *cg_budget_name(int32_t budget);
 /* The layout of the public structs, one row per call: row i is a struct ("cg_law": offset 0, its
  * sizeof) or one of its fields ("cg_law.kl": its offsetof and sizeof), every struct followed by its
  * fields in declaration order (cg_sampler_params, cg_accept_params, cg_rng, cg_step_result,
- * cg_law); NULL past the last row (i < 0 too). offset, size: out (NULL: not wanted; untouched
- * when NULL is returned). A binding asks for rows 0, 1, ... until NULL and compares each with its
- * mirror of the struct before it passes one: a field that moved (two fields of one size swapped)
- * is caught, not only a size that changed. Static strings. */
+ * cg_law, cg_row_reader); NULL past the last row (i < 0 too). offset, size: out (NULL: not
+ * wanted; untouched when NULL is returned). A binding asks for rows 0, 1, ... until NULL and
+ * compares each with its mirror of the struct before it passes one: a field that moved (two
+ * fields of one size swapped) is caught, not only a size that changed. Static strings. */
 CG_API const char *cg_abi_field(int32_t i, int64_t *offset, int64_t *size);
 
 #ifdef __cplusplus

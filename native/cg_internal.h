@@ -11,6 +11,7 @@
  *   rules.c   the acceptance rules, one table entry each (target, test, residual, law, budget)
  *   law.c     the exact law of the token a drafted position emits; the output budget
  *   verify.c  one draft-verify step (cg_verify) and cg_emitted_law, for every rule
+ *   compact.c the compact step's rows: read from llama.cpp's backend sampler, their union
  * The maths behind them: docs/maths.md.
  *
  * Floating point: probabilities are stored as float32; sums, ratios and the Cactus target are

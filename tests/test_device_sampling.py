@@ -6,12 +6,15 @@ row is tied; the first emitted token follows the exact law on the device path (c
 """
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
 from cactus_gguf.llama import Context, ContextOptions
 from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams, reference
-from cactus_gguf.speculative.device import exact_row
+from cactus_gguf.sampling.native import NativeArgumentError, pack_allowed, read_rows
+from cactus_gguf.speculative import device
 
 from support.harness import make_engine
 from support.tiny_gguf import write_llama
@@ -36,17 +39,18 @@ class Calls:
 
     def __init__(self, monkeypatch):
         self.compact = self.full_again = 0
-        verify, again = NativeSampler.verify_compact, Context.decode_full_again
+        verify, again = NativeSampler.verify_device, Context.decode_full_again
 
         def counted_verify(s, *a, **kw):
-            self.compact += 1
-            return verify(s, *a, **kw)
+            got = verify(s, *a, **kw)
+            self.compact += got is not None  # a step run on the device's rows
+            return got
 
         def counted_again(c):
             self.full_again += 1
             return again(c)
 
-        monkeypatch.setattr(NativeSampler, "verify_compact", counted_verify)
+        monkeypatch.setattr(NativeSampler, "verify_device", counted_verify)
         monkeypatch.setattr(Context, "decode_full_again", counted_again)
 
 
@@ -67,21 +71,87 @@ def test_device_rows_hold_the_full_rows_top_k_with_their_logits(tiny_pair):
         rows = np.array(full.decode(tokens, n_logits=8))
         assert dev.can_sample_on_device and dev.set_device_top_k(K + 1)
         dev.decode(tokens, n_logits=8)
-        for row, (ids, logits) in zip(rows, dev.candidates(8)):
+        got = device.read_rows(dev, 8, K)
+        assert got is not None and got[0].shape == (8, K + 1)
+        for row, ids, logits, (raw_ids, _) in zip(rows, *got, dev.candidates(8)):
             assert np.array_equal(logits.view(np.uint32), row[ids].view(np.uint32))
+            assert ids.tolist() == sorted(raw_ids.tolist())  # sorted by id, nothing lost
             top = np.lexsort((np.arange(len(row)), -row))[:K]
-            assert set(top) <= set(ids.tolist()) and exact_row(ids, logits, K) is not None
+            assert set(top) <= set(ids.tolist())
         dev.set_device_top_k(0)
         assert np.array_equal(np.array(dev.decode([7], n_logits=1))[0],
                               np.array(full.decode([7], n_logits=1))[0])
 
 
+class FakeRows:
+    """A ``Context.row_reader`` over rows given as lists: the native reader's inputs without a
+    model (ctypes callbacks standing in for llama.cpp's accessors)."""
+
+    def __init__(self, rows):
+        self.ids = [np.array(i, np.int32) for i, _ in rows]
+        self.logits = [np.array(v, np.float32) for _, v in rows]
+        ptr = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
+        count = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_void_p, ctypes.c_int32)
+        self._fns = (ptr(lambda _, i: self.ids[i].ctypes.data),
+                     count(lambda _, i: len(self.ids[i])),
+                     ptr(lambda _, i: self.logits[i].ctypes.data),
+                     count(lambda _, i: len(self.logits[i])))
+        self.reader = (0, *(ctypes.cast(f, ctypes.c_void_p).value for f in self._fns))
+
+    def read(self, width=3, n_vocab=100):
+        return read_rows(self.reader, len(self.ids), width, n_vocab)
+
+
 def test_a_tie_at_the_kth_logit_is_not_exact():
-    ids = np.array([5, 3, 9], np.int32)
-    assert exact_row(ids, np.array([1.0, 2.0, 0.5], np.float32), 2)[0].tolist() == [3, 5, 9]
-    assert exact_row(ids, np.array([1.0, 2.0, 1.0], np.float32), 2) is None  # the K-th is tied
-    assert exact_row(ids, np.array([2.0, 2.0, 1.0], np.float32), 2) is not None  # inside the top K
-    assert exact_row(ids[:2], np.array([2.0, 1.0], np.float32), 2) is None
+    ids = [5, 3, 9]
+    good = (ids, [1.0, 2.0, 0.5])
+    got = FakeRows([good, (ids, [2.0, 2.0, 1.0])]).read()  # a tie inside the top K is exact
+    assert got[0].tolist() == [[3, 5, 9]] * 2
+    assert got[1].tolist() == [[2.0, 1.0, 0.5], [2.0, 2.0, 1.0]]
+    assert FakeRows([good, (ids, [1.0, 2.0, 1.0])]).read() == 1  # row 1's K-th is tied
+    assert FakeRows([(ids[:2], [2.0, 1.0]), good]).read() == 0  # too few candidates
+    assert FakeRows([good, (ids, [1.0, float("nan"), 0.5])]).read() == 1
+    assert FakeRows([([5, 5, 9], [1.0, 2.0, 0.5])]).read() == 0  # a repeated id
+    assert FakeRows([good]).read(n_vocab=9) == 0  # an id outside the vocabulary
+
+
+@pytest.mark.parametrize("k", [0, 1, 4, 16])
+@pytest.mark.parametrize("method", ["sps", "cactus"])
+def test_compact_verification_is_the_full_one(method, k):
+    """``verify_compact`` on the rows' top K + 1 (and the draft's p over its own ids) against
+    ``verify`` on the full rows: the same result, field for field, and the same uniforms used,
+    over 40 random steps; with Cactus's end set at random ids."""
+    V, K, rng = 300, 8, np.random.default_rng(k)
+    sp = SamplingParams(temperature=0.8, top_k=K, top_p=0.95, min_p=0.02)
+    end = np.zeros(V, bool)
+    end[rng.choice(V, 20, replace=False)] = True
+    acc = AcceptanceParams(method=method, delta=1.0, top_gap=0.5, output_kl=True, end_tau=0.05,
+                           end_mask=pack_allowed(end))
+    full, compact, drafter = (NativeSampler(V, sp, acc, 7) for _ in range(3))
+    for _ in range(40):
+        base = 2 * rng.standard_normal(V)
+        rows = (base + rng.standard_normal((k + 1, V))).astype(np.float32)
+        top = np.sort(np.argsort(-rows, axis=1, kind="stable")[:, :K + 1], axis=1).astype(np.int32)
+        probs = np.zeros((k, V), np.float32)
+        tokens = np.zeros(k, np.int32)
+        d_ids = np.full((k, K + 1), -1, np.int32)
+        for i in range(k):
+            tokens[i] = drafter.draft((base + rng.standard_normal(V)).astype(np.float32), probs[i])
+            support = np.flatnonzero(probs[i])
+            d_ids[i, :len(support)] = support
+        d_p = np.where(d_ids >= 0, np.take_along_axis(probs, np.maximum(d_ids, 0), 1), 0)
+        want = full.verify(probs, tokens, rows)
+        got = compact.verify_compact(top, np.take_along_axis(rows, top, 1), d_ids,
+                                     d_p.astype(np.float32), tokens)
+        assert got == want
+        assert compact.peek_uniforms(1) == full.peek_uniforms(1)
+
+
+def test_compact_verification_refuses_rows_out_of_order():
+    s = NativeSampler(50, SamplingParams(temperature=1.0, top_k=2), AcceptanceParams(), 0)
+    ids, logits = np.array([[4, 2, 9]], np.int32), np.zeros((1, 3), np.float32)
+    with pytest.raises(NativeArgumentError):
+        s.verify_compact(ids, logits, None, None, np.zeros(0, np.int32))
 
 
 @pytest.mark.parametrize("k", [4, 16])

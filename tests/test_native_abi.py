@@ -79,7 +79,10 @@ def header_fields() -> dict[str, list[str]]:
     out = {}
     for body, name in re.findall(r"typedef struct \{(.*?)\} (cg_\w+);", text, re.S):
         body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
-        out[name] = re.findall(r"(\w+)(?:\[\d+\])?;", body)
+        # a field is a declaration's last name (``s[4]``), or a function pointer's (``(*name)(...)``)
+        out[name] = [(re.search(r"\(\*(\w+)\)", d)
+                      or re.search(r"(\w+)(?:\[\d+\])?$", d)).group(1)
+                     for d in map(str.strip, body.split(";")) if d]
     return out
 
 

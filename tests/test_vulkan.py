@@ -15,6 +15,7 @@ are short, the long and statistical ones use the tiny pair.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -231,6 +232,56 @@ def test_first_emitted_token_follows_the_exact_law_on_the_device(build, tiny_pai
     assert chisquare_pvalue(counts, expected) > ALPHA
     if method == "cactus":  # the rule really moves mass towards the draft
         assert chisquare_pvalue(counts, np.array(out["q"]), strict=False) < ALPHA
+
+
+def job_device_warps(ver: str, dft: str) -> dict:
+    """Sampled SpS and Cactus at k 4 and 16, both models on the device, asked for llama.cpp's
+    backend top-K (``backend_sampling`` on) and not: tokens per (method, k, mode), the
+    steps run on the device's rows, and the warnings logged."""
+    import logging
+
+    from cactus_gguf.sampling import NativeSampler
+    from support.harness import make_engine
+
+    compact, said = 0, []
+    verify = NativeSampler.verify_device
+
+    def counted(s, *a, **kw):
+        nonlocal compact
+        got = verify(s, *a, **kw)
+        compact += got is not None
+        return got
+
+    class Said(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    logging.getLogger("cactus_gguf.speculative.device").addHandler(Said(logging.WARNING))
+    tokens = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(NativeSampler, "verify_device", counted)
+        for method in ("sps", "cactus"):
+            with make_engine(ver, dft, temp=1.0, top_k=8, top_p=0.95, method=method, k=4) as dec:
+                for k, mode in itertools.product((4, 16), ("off", "on")):
+                    res = dec.generate("the cat sat on", n_predict=40, seed=k, k=k,
+                                       backend_sampling=mode)
+                    tokens[f"{method}:{k}:{mode}"] = res.tokens
+                where = dec.verifier.model.placement.summary(), dec.draft.model.placement.summary()
+    return {"tokens": tokens, "compact": compact, "said": said, "where": where}
+
+
+def test_warps_on_the_device_keep_the_full_rows_on_vulkan(build, tiny_pair):
+    """``--backend-sampling on`` on a Vulkan build (issue 41): this llama.cpp's backend sampler
+    aborts the process on Vulkan (llama/device_top_k.py ``vulkan_build``), so the steps keep the
+    full rows, say so once, and give the same tokens for the same seed, SpS and Cactus, k 4 and
+    16."""
+    out = on_device(build, "job_device_warps", ver=str(tiny_pair[0]), dft=str(tiny_pair[1]))
+    assert out["where"] == ["3/3 layers on Vulkan0"] * 2
+    tokens = out["tokens"]
+    for key in [k for k in tokens if k.endswith(":off")]:
+        assert tokens[key] == tokens[key[:-3] + "on"] and len(tokens[key]) > 10, key
+    assert out["compact"] == 0
+    assert len(out["said"]) == 1 and "Vulkan" in out["said"][0]
 
 
 # ------------------------------------------------------------------------------------------------

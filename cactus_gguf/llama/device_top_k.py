@@ -4,13 +4,16 @@ host reads only those (speculative/device.py decides when that is exact). Also t
 every context raises (re-exported by context.py)."""
 from __future__ import annotations
 
+import ctypes
+import functools
+
 import numpy as np
 
 import llama_cpp
 
 from ..errors import EngineError
 
-__all__ = ["DecodeError", "DecodeCancelled", "DeviceTopK"]
+__all__ = ["DecodeError", "DecodeCancelled", "DeviceTopK", "vulkan_build"]
 
 
 class DecodeError(EngineError):
@@ -22,6 +25,27 @@ class DecodeCancelled(DecodeError):
     :meth:`Context.interruptible`); the KV cache holds the chunks decoded before."""
 
 
+@functools.cache
+def vulkan_build() -> bool:
+    """Whether this llama.cpp has a Vulkan device. Its backend sampler aborts the process there:
+    the first decode with a top-k chain attached fails ggml-vulkan's buffer-offset assertion
+    (``GGML_ASSERT(allow_misalign || misalign_bytes == 0)``, llama-cpp-python 0.3.36 on Mesa's
+    lavapipe, every top-k tried from 4 to 64), so a Vulkan build keeps the full rows."""
+    from .devices import list_devices
+
+    return any(name.startswith("Vulkan") for name, _ in list_devices())
+
+
+@functools.cache
+def _accessors() -> tuple[int, int, int, int]:
+    """The addresses of llama.cpp's backend-sampling row accessors in the loaded library."""
+    return tuple(ctypes.cast(f, ctypes.c_void_p).value for f in (
+        llama_cpp.llama_get_sampled_candidates_ith,
+        llama_cpp.llama_get_sampled_candidates_count_ith,
+        llama_cpp.llama_get_sampled_logits_ith,
+        llama_cpp.llama_get_sampled_logits_count_ith))
+
+
 class DeviceTopK:
     """The backend top-K part of :class:`~cactus_gguf.llama.context.Context`, which it is mixed
     into: it reads the context's ``ptr``, ``recurrent``, ``_remote``, ``on_decode``, ``_chains``
@@ -31,10 +55,11 @@ class DeviceTopK:
     @property
     def can_sample_on_device(self) -> bool:
         """Whether :meth:`set_device_top_k` may attach a sampler: the build has llama.cpp's backend
-        sampling API, and the model keeps no recurrent state (the fallback of
-        :meth:`decode_full_again` rolls a whole batch back) and is not split over RPC."""
+        sampling API and no Vulkan backend (see :func:`vulkan_build`), and the model keeps no
+        recurrent state (the fallback of :meth:`decode_full_again` rolls a whole batch back) and
+        is not split over RPC."""
         return (hasattr(llama_cpp, "llama_set_sampler") and not self.recurrent
-                and not self._remote and self.on_decode is None)
+                and not self._remote and self.on_decode is None and not vulkan_build())
 
     def set_device_top_k(self, k: int) -> bool:
         """Attach llama.cpp's backend sampler chain ``top_k(k)`` to sequence 0 (k > 0), or detach
@@ -58,6 +83,13 @@ class DeviceTopK:
         if not ok and k > 0:
             llama_cpp.llama_set_sampler(self.ptr, 0, None)
         return ok
+
+    @property
+    def row_reader(self) -> tuple[int, int, int, int, int]:
+        """The context's address and those of llama.cpp's four backend-sampling accessors
+        (candidates, candidates count, logits, logits count of an output row): what the native
+        helper reads a step's rows with in one call (``sampling.native.read_rows``)."""
+        return (self.ptr, *_accessors())
 
     def candidates(self, n_rows: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """The last decode's ``n_rows`` output rows under the attached top-K

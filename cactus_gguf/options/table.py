@@ -336,7 +336,8 @@ OPTIONS: tuple[Option, ...] = (
            "backend sampler keeps each output row's top-k + 1 logits inside the decode graph and "
            "the host reads only those (same tokens for the same seed as the full rows; a tie at "
            "the k-th logit decodes the batch again in full); `auto` = where available (no "
-           "grammar, log-probabilities, foreign / MTP draft or recurrent model), `on` = the same, "
+           "grammar, log-probabilities, foreign / MTP draft, recurrent model or Vulkan build), `on` = "
+           "the same, "
            "warning once when it cannot, `off` = full rows (README \"Warps on the device\")",
            ("--backend-sampling",), choices=("auto", "on", "off")),
     Option("seed", int, -1, "RNG seed; -1 = random (the seed used is reported)", ("-s", "--seed"),

@@ -95,9 +95,21 @@ class _LawC(ctypes.Structure):
     ]
 
 
+class _RowReaderC(ctypes.Structure):
+    # llama.cpp's context and the addresses of its four backend-sampling accessors
+    _fields_ = [
+        ("ctx", ctypes.c_void_p),
+        ("candidates", ctypes.c_void_p),
+        ("candidates_count", ctypes.c_void_p),
+        ("logits", ctypes.c_void_p),
+        ("logits_count", ctypes.c_void_p),
+    ]
+
+
 # every struct the library passes, with its C name (cg_abi_field's rows)
 _ABI_STRUCTS = (("cg_sampler_params", _SamplerParamsC), ("cg_accept_params", _AcceptParamsC),
-                ("cg_rng", _RngC), ("cg_step_result", _StepResultC), ("cg_law", _LawC))
+                ("cg_rng", _RngC), ("cg_step_result", _StepResultC), ("cg_law", _LawC),
+                ("cg_row_reader", _RowReaderC))
 
 _lib = _load_library()
 _P = ctypes.c_void_p  # every pointer crosses as a plain integer address
@@ -187,3 +199,7 @@ _warp_sample = _bind("cg_warp_sample", ctypes.c_int, [_P, _i32, _i32, _P, _P, _P
 _cactus_gamma = _bind("cg_cactus_gamma", ctypes.c_double, [ctypes.c_double, ctypes.c_double, _i32])
 _verify = _bind("cg_verify", ctypes.c_int, [_P, _P, _P, _P, _i32, _i32, _P, _P, _P, _P, _P])
 _emitted_law = _bind("cg_emitted_law", ctypes.c_int, [_P, _i32, _P, _i32, _P, _P, _P, _P])
+_read_rows = _bind("cg_read_rows", ctypes.c_int, [_P, _i32, _i32, _i32, _P, _P, _P])
+_compact_union = _bind("cg_compact_union", ctypes.c_int,
+                       [_P, _P, _i32, _i32, _P, _P, _i32, _i32, _P, _i32, _P, _i32, _i32, _P, _P,
+                        _P, _P, _P, _P, _P])

@@ -32,13 +32,15 @@ Layout: this module holds ``NativeSampler``; the argument checks are in ``_check
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
-from ._checks import (addr, check_draft_tokens, check_law_rows, check_logits_row, check_probs_out,
-                      check_verifier_logits, draft_probs_addr, is_int)
-from ._clib import (_AcceptParamsC, _LawC, _SamplerParamsC, _StepResultC, _emitted_law, _verify,
-                    _warp, _warp_sample, _workspace_size)
+from ._checks import (F32, I32, addr, check_draft_tokens, check_law_rows, check_logits_row,
+                      check_probs_out, check_verifier_logits, draft_probs_addr, is_int)
+from ._clib import (_AcceptParamsC, _LawC, _RowReaderC, _SamplerParamsC, _StepResultC,
+                    _compact_union, _emitted_law, _read_rows, _verify, _warp, _warp_sample,
+                    _workspace_size)
 from .errors import (CG_OK, BadDistributionError, EmptyMaskError, NativeArgumentError,
                      NativeError, NonFiniteLogitsError, raise_status)
 from .gamma import binary_kl, cactus_gamma
@@ -65,7 +67,32 @@ __all__ = [
     "binary_kl",
     "cactus_gamma",
     "pack_allowed",
+    "read_rows",
 ]
+
+
+def read_rows(reader: tuple[int, int, int, int, int], n_rows: int, width: int, n_vocab: int
+              ) -> tuple[np.ndarray, np.ndarray] | int:
+    """llama.cpp's backend-sampled last ``n_rows`` output rows of ``width`` = K + 1 candidates,
+    read in one C call (native/cactus_native.h, ``cg_read_rows``): (ids int32 [n_rows, width]
+    ascending, logits float32 [n_rows, width]) when every row is exact, else the index of the
+    first row that is not (a tie at its K-th logit, a short row). ``reader``: the context's
+    address and its four accessors' (``Context.row_reader``). Raises NativeError."""
+    ids = np.empty((n_rows, width), np.int32)
+    logits = np.empty((n_rows, width), np.float32)
+    bad = ctypes.c_int32(-1)
+    st = _read_rows(ctypes.addressof(_reader(reader)), n_rows, width, n_vocab, addr(ids),
+                    addr(logits), ctypes.addressof(bad))
+    if st != CG_OK:
+        raise_status(st, "cg_read_rows")
+    return (ids, logits) if bad.value < 0 else bad.value
+
+
+@functools.lru_cache(maxsize=64)
+def _reader(reader: tuple[int, int, int, int, int]) -> _RowReaderC:
+    """The C struct of a reader tuple (the same tuple, the same struct: a context's address is
+    its own while it lives, and the accessors' never change)."""
+    return _RowReaderC(*reader)
 
 
 class NativeSampler:
@@ -92,7 +119,7 @@ class NativeSampler:
     __slots__ = (
         "_n_vocab", "_sampling", "_draft_sampling", "_acceptance", "_rng", "_rng_p", "_sp",
         "_sp_p", "_dsp", "_dsp_p", "_ap", "_ap_p", "_work", "_work_p", "_probs", "_probs_p",
-        "_tok", "_tok_p", "_res", "_res_p",
+        "_tok", "_tok_p", "_res", "_res_p", "_compact",
     )
 
     def __init__(
@@ -125,6 +152,7 @@ class NativeSampler:
         self._tok_p = ctypes.addressof(self._tok)
         self._res = _StepResultC()
         self._res_p = ctypes.addressof(self._res)
+        self._compact: _CompactBuffers | None = None  # verify_compact's, on its first call
 
     @property
     def n_vocab(self) -> int:
@@ -353,35 +381,97 @@ class NativeSampler:
         if st != CG_OK:
             raise_status(st, "cg_warp")
 
-    def verify_compact(self, draft_probs: np.ndarray | None, draft_index: np.ndarray,
-                       verifier_logits: np.ndarray, *, end_mask: np.ndarray | None = None
-                       ) -> StepResult:
-        """``verify`` (no mask) over a compact index space of n ids: ``draft_probs`` float32
-        [k, n] or None, ``draft_index`` int32 [k] (the drafted tokens' indices), ``verifier_logits``
-        float32 [k+1, n]; ``end_mask``: the acceptance's end set gathered to the n ids (uint32
-        [ceil(n / 32)]; required when the rule has one). ``next_token`` is an index."""
-        k = check_draft_tokens(draft_index)
-        if type(verifier_logits) is not np.ndarray or verifier_logits.ndim != 2:
-            raise ValueError("verifier_logits must be a float32 array [k+1, n]")
-        n = verifier_logits.shape[1]
-        if not 1 <= n <= self._n_vocab:
-            raise ValueError(f"a compact row must have 1 .. V={self._n_vocab} entries, got {n}")
-        check_verifier_logits(verifier_logits, k, n)
-        dp = draft_probs_addr(draft_probs, k, n)
-        ap_p = self._ap_p
-        if self._acceptance.end_mask is not None:
-            if end_mask is None or end_mask.dtype != np.uint32 or end_mask.shape != (mask_words(n),):
-                raise ValueError(f"end_mask must be uint32 [ceil(n / 32) = {mask_words(n)}]")
-            ap = c_params(_AcceptParamsC, self._acceptance)
-            ap.end_mask = addr(end_mask)
-            ap_p = ctypes.addressof(ap)
-        st = _verify(dp, addr(draft_index), addr(verifier_logits), 0, k, n, self._sp_p, ap_p,
-                     self._rng_p, self._work_p, self._res_p)
+    def verify_compact(self, ver_ids: np.ndarray, ver_logits: np.ndarray,
+                       draft_ids: np.ndarray | None, draft_probs: np.ndarray | None,
+                       draft_tokens: np.ndarray) -> StepResult:
+        """``verify`` (no mask) on a step's compact rows, over the union U of their ids
+        (native/cactus_native.h, "Compact rows"; one C call builds U and gathers every row into
+        it, one more verifies): ``ver_ids`` int32 / ``ver_logits`` float32 [k+1, W] the verifier's
+        exact rows, ids ascending (``read_rows``); ``draft_ids`` int32 / ``draft_probs`` float32
+        [k, W'] the draft's p over its rows' ids (ascending, -1 for padding), or both None for a
+        deterministic proposal; ``draft_tokens`` int32 [k]. The same result, and the same
+        uniforms, as ``verify`` of the full rows; ``next_token`` is the token id. The
+        acceptance's end set is gathered into U too. Raises ValueError / NativeError."""
+        k = check_draft_tokens(draft_tokens)
+        for a, dt in ((ver_ids, I32), (ver_logits, F32)):
+            if type(a) is not np.ndarray or a.dtype != dt or a.ndim != 2 \
+                    or a.shape[0] != k + 1 or not a.flags.c_contiguous:
+                raise ValueError(f"ver_ids / ver_logits must be C-contiguous int32 / float32 "
+                                 f"[k+1 = {k + 1}, W]")
+        if ver_ids.shape != ver_logits.shape:
+            raise ValueError("ver_ids and ver_logits must have the same shape")
+        width = ver_ids.shape[1]
+        w = self._compact_ws(k, width, draft_ids, draft_probs)
+        return self._verify_union(w, addr(ver_ids), addr(ver_logits), width, draft_ids,
+                                  draft_probs, draft_tokens)
+
+    def verify_device(self, reader: tuple[int, int, int, int, int], width: int,
+                      draft_ids: np.ndarray | None, draft_probs: np.ndarray | None,
+                      draft_tokens: np.ndarray) -> StepResult | None:
+        """``verify_compact`` of the verifier's last k + 1 output rows read straight from
+        llama.cpp's backend sampler (``read_rows``: ``reader`` and ``width`` = K + 1 as there):
+        one Python call and three C calls per step, on buffers kept between steps. None, with no
+        uniform drawn, when a row is not exact (the step then runs on full rows)."""
+        k = check_draft_tokens(draft_tokens)
+        w = self._compact_ws(k, width, draft_ids, draft_probs)
+        st = _read_rows(ctypes.addressof(_reader(reader)), k + 1, width, self._n_vocab, w.vi,
+                        w.vl, w.bad_p)
+        if st != CG_OK:
+            raise_status(st, "cg_read_rows")
+        if w.bad.value >= 0:
+            return None
+        return self._verify_union(w, w.vi, w.vl, width, draft_ids, draft_probs, draft_tokens)
+
+    def _compact_ws(self, k: int, width: int, draft_ids, draft_probs) -> "_CompactBuffers":
+        """The compact step's buffers for k + 1 verifier rows of ``width`` and the draft's rows
+        (checked here: int32 / float32 [k, W'] of one shape, or both None), grown on demand and
+        kept between steps, with the acceptance's struct pointing at their end set."""
+        d_width = 0
+        if draft_ids is not None:
+            if (type(draft_ids) is not np.ndarray or type(draft_probs) is not np.ndarray
+                    or draft_ids.dtype != I32 or draft_probs.dtype != F32
+                    or draft_ids.ndim != 2 or draft_ids.shape != draft_probs.shape
+                    or draft_ids.shape[0] != k or not draft_ids.flags.c_contiguous
+                    or not draft_probs.flags.c_contiguous):
+                raise ValueError(f"draft_ids / draft_probs must be C-contiguous int32 / float32 "
+                                 f"[k = {k}, W'] of one shape")
+            d_width = draft_ids.shape[1]
+        elif draft_probs is not None:
+            raise ValueError("draft_probs without draft_ids")
+        cap = (k + 1) * width + k * d_width + k
+        w = self._compact
+        if w is None or w.cap < cap or w.n_rows < k + 1 or w.width < width:
+            w = self._compact = _CompactBuffers(max(cap, 2 * (w.cap if w else 0)),
+                                                max(k + 1, w.n_rows if w else 0),
+                                                max(width, w.width if w else 0))
+        if w.acceptance is not self._acceptance:
+            w.point(self._ap)
+            w.acceptance = self._acceptance
+        w.need = cap
+        return w
+
+    def _verify_union(self, w: "_CompactBuffers", ver_ids: int, ver_logits: int, width: int,
+                      draft_ids, draft_probs, draft_tokens: np.ndarray) -> StepResult:
+        """cg_compact_union then cg_verify on ``w`` (``ver_ids`` / ``ver_logits``: addresses)."""
+        k = draft_tokens.shape[0]
+        n_draft = 0 if draft_ids is None else k
+        end = self._acceptance.end_mask
+        st = _compact_union(ver_ids, ver_logits, k + 1, width,
+                            None if draft_ids is None else addr(draft_ids),
+                            None if draft_ids is None else addr(draft_probs), n_draft,
+                            0 if draft_ids is None else draft_ids.shape[1], addr(draft_tokens), k,
+                            None if end is None else addr(end), self._n_vocab, w.need, w.scratch,
+                            w.ids, w.logits, w.probs, w.index, w.end, w.n_p)
+        if st != CG_OK:
+            raise_status(st, "cg_compact_union")
+        st = _verify(w.probs if n_draft else None, w.index, w.logits, None, k, w.n.value,
+                     self._sp_p, self._ap_p if end is None else w.ap_p, self._rng_p, self._work_p,
+                     self._res_p)
         if st != CG_OK:
             raise_status(st, "cg_verify")
         r = self._res
-        return StepResult(r.n_accepted, r.next_token, r.n_evaluated, r.kl_sum, r.kl_max,
-                          r.output_kl_sum, r.output_kl_max, r.delta_sum)
+        return StepResult(r.n_accepted, int(w.id_array[r.next_token]), r.n_evaluated, r.kl_sum,
+                          r.kl_max, r.output_kl_sum, r.output_kl_max, r.delta_sum)
 
     # -- randomness ---------------------------------------------------------------------------
 
@@ -392,3 +482,30 @@ class NativeSampler:
         implementation fed these values reproduces the sampler's decisions.
         """
         return self._rng.copy().uniforms(n)
+
+
+class _CompactBuffers:
+    """The compact step's buffers, for up to ``cap`` ids in U and ``n_rows`` verifier rows of up
+    to ``width`` candidates: the rows read from llama.cpp (``vi``, ``vl``), the outputs of
+    ``cg_compact_union`` and the acceptance struct whose end set is the gathered one; the
+    addresses computed once (a step passes them, allocating nothing)."""
+
+    def __init__(self, cap: int, n_rows: int, width: int) -> None:
+        self.cap, self.n_rows, self.width, self.need, self.acceptance = cap, n_rows, width, 0, None
+        self.id_array = np.empty(cap, np.int32)
+        self._arrays = (np.empty(cap, np.int32), np.empty(n_rows * cap, np.float32),
+                        np.empty(n_rows * cap, np.float32), np.empty(n_rows, np.int32),
+                        np.zeros(mask_words(cap), np.uint32), np.empty(n_rows * width, np.int32),
+                        np.empty(n_rows * width, np.float32))
+        self.ids = addr(self.id_array)
+        (self.scratch, self.logits, self.probs, self.index, self.end, self.vi,
+         self.vl) = map(addr, self._arrays)
+        self.n, self.bad = ctypes.c_int32(0), ctypes.c_int32(-1)
+        self.n_p, self.bad_p = ctypes.addressof(self.n), ctypes.addressof(self.bad)
+        self.ap = _AcceptParamsC()
+        self.ap_p = ctypes.addressof(self.ap)
+
+    def point(self, ap: _AcceptParamsC) -> None:
+        """This step's acceptance: ``ap`` with the end set gathered into U."""
+        ctypes.memmove(self.ap_p, ctypes.addressof(ap), ctypes.sizeof(ap))
+        self.ap.end_mask = self.end

@@ -16,42 +16,41 @@ K-th, for then the K + 1 ids hold every id the native top-K can keep (whatever t
 top K). A row that is not exact (a tie at the K-th logit) is decoded again in full
 (``Context.decode_full_again``), and that step runs the full path.
 
-The compact step: the union U of the verifier rows' ids, the draft rows' ids and the drafted ids,
-in ascending id order (at most (2k + 1)(K + 1) ids), every row gathered into U (-inf / 0 outside
-its own ids), the native helper run on rows of |U| entries (``NativeSampler.verify_compact``), the
-index it returns mapped back to its id. The warps and every draw go by (logit, id) order and skip
-zeros, so this is the full path's computation, bit for bit, with the same uniforms: same tokens
-for the same seed. Cactus's end set is gathered into U too. Requests with a grammar, log-
-probabilities, a foreign or MTP draft, or a recurrent model keep the full path (they need full rows
-or cannot roll a batch back), as do builds without the API.
+The compact step (issue 41, item 3: host work that does not grow with V) is two calls into the
+native helper: ``read_rows`` reads the step's k + 1 rows through llama.cpp's accessors, checks
+that each is exact and sorts it by id (``cg_read_rows``); ``NativeSampler.verify_compact`` builds
+the union U of the verifier rows' ids, the draft rows' ids and the drafted ids (ascending, at most
+(2k + 1)(K + 1) ids), gathers every row into U (-inf / 0 outside its own ids) with Cactus's end
+set, and runs ``cg_verify`` on rows of |U| entries; the index it returns maps back to its id. The
+warps and every draw go by (logit, id) order and skip zeros, so this is the full path's
+computation, bit for bit, with the same uniforms: same tokens for the same seed. Requests with a
+grammar, log-probabilities, a foreign or MTP draft, or a recurrent model keep the full path (they
+need full rows or cannot roll a batch back), as do builds without the API and Vulkan builds (the
+backend sampler of this llama.cpp aborts there: ``llama.device_top_k.vulkan_build``).
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-
 import numpy as np
 
 from ..sampling import NativeSampler
-from ..sampling.native import StepResult, pack_allowed
+from ..sampling.native import StepResult
+from ..sampling.native import read_rows as native_read_rows
 
-__all__ = ["exact_row", "device_top_k", "verify_rows", "sample_row", "full_probs"]
+__all__ = ["read_rows", "device_top_k", "verify_rows", "sample_row", "full_probs"]
 
 log_ = logging.getLogger(__name__)
 _said: set[str] = set()  # the reasons already logged (once each)
 
 
-def exact_row(ids: np.ndarray, logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """A device row of K + 1 candidates as (ids int32 ascending, their logits float32), or None
-    when its top ``k`` is not exact: fewer than k + 1 candidates, a NaN, or the (k + 1)-th largest
-    logit equal to the k-th (a tie llama.cpp broke its own way)."""
-    if len(ids) != k + 1 or np.isnan(logits).any():
-        return None
-    v = np.partition(logits, 0)  # the smallest of the k + 1 against the k-th largest
-    if not v[0] < np.min(v[1:]):
-        return None
-    order = np.argsort(ids, kind="stable")
-    return np.ascontiguousarray(ids[order]), np.ascontiguousarray(logits[order])
+def read_rows(ctx, n_rows: int, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The last decode's ``n_rows`` device rows of K + 1 = ``k`` + 1 candidates on ``ctx`` (a
+    Context with that top-K attached) as (ids int32 [n_rows, k + 1] ascending per row, logits
+    float32 [n_rows, k + 1]), or None when a row's top ``k`` is not exact (fewer than k + 1
+    candidates, a NaN, or the (k + 1)-th largest logit equal to the k-th: a tie llama.cpp broke
+    its own way)."""
+    got = native_read_rows(ctx.row_reader, n_rows, k + 1, ctx.model.n_vocab)
+    return None if isinstance(got, int) else got
 
 
 def _say(reason: str, loud: bool) -> None:
@@ -72,7 +71,8 @@ def device_top_k(request, ver, drafter, *, logprobs: bool, grammar: bool) -> int
     why = ("top-k 0: the warps do not truncate the vocabulary" if k <= 0
            else "top-k + 1 not below the vocabulary size" if k + 1 >= ver.n_vocab
            else "a grammar" if grammar else "log-probabilities" if logprobs
-           else "no backend sampling in this llama.cpp, or a recurrent / remote verifier"
+           else "no backend sampling in this llama.cpp, a Vulkan build (its backend sampler "
+                "aborts), or a recurrent / remote verifier"
            if not ver.can_sample_on_device
            else "the topk acceptance rule with accept-top-k above top-k"
            if request.speculates and request.method == "topk" and request.accept_top_k > k
@@ -88,44 +88,32 @@ def device_top_k(request, ver, drafter, *, logprobs: bool, grammar: bool) -> int
     return k
 
 
-def sample_row(sampler: NativeSampler, row: tuple[np.ndarray, np.ndarray]) -> int:
-    """The verifier's own token from one exact device row (a step that does not speculate)."""
-    ids, logits = row
-    return int(ids[sampler.sample_compact(logits)])
+def sample_row(sampler: NativeSampler, ctx, k: int) -> StepResult | None:
+    """The verifier's own token from its one device row on ``ctx`` (a step that does not
+    speculate) as a StepResult; None when the row is not exact."""
+    got = read_rows(ctx, 1, k)
+    if got is None:
+        return None
+    ids, logits = got[0][0], got[1][0]
+    return StepResult(0, int(ids[sampler.sample_compact(logits)]), 0, 0.0, 0.0)
 
 
-def verify_rows(sampler: NativeSampler, draft, rows: list[tuple[np.ndarray, np.ndarray]]
-                ) -> StepResult:
-    """``NativeSampler.verify`` of ``draft`` (a Draft: ``compact`` rows, or none for a
-    deterministic proposal) against the verifier's exact device ``rows`` (k + 1 of them), over
-    their union U; the StepResult's ``next_token`` is the token id."""
-    k = len(draft)
-    parts = [r[0] for r in rows] + [draft.tokens.astype(np.int32)]
-    if draft.compact is not None:
-        parts += [c[0] for c in draft.compact]
-    elif draft.probs is not None:  # a full [k, V] proposal (not a device drafter): its support
-        parts += [np.flatnonzero(draft.probs[i]).astype(np.int32) for i in range(k)]
-    ids = np.unique(np.concatenate(parts))
-    n = len(ids)
-    logits = np.full((k + 1, n), -np.inf, np.float32)
-    for i, (r_ids, r_logits) in enumerate(rows):
-        logits[i, np.searchsorted(ids, r_ids)] = r_logits
-    probs = None
-    if draft.compact is not None or draft.probs is not None:
-        probs = np.zeros((k, n), np.float32)
-        for i in range(k):
-            if draft.compact is not None:
-                c_ids, c_p = draft.compact[i]
-                probs[i, np.searchsorted(ids, c_ids)] = c_p
-            else:
-                probs[i] = draft.probs[i][ids]
-    index = np.searchsorted(ids, draft.tokens).astype(np.int32)
-    end = sampler.acceptance.end_mask
-    end_c = None
-    if end is not None:  # the end set's bits at U
-        end_c = pack_allowed(((end[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool))
-    res = sampler.verify_compact(probs, index, logits, end_mask=end_c)
-    return replace(res, next_token=int(ids[res.next_token]))
+def verify_rows(sampler: NativeSampler, draft, ctx, k: int) -> StepResult | None:
+    """``NativeSampler.verify`` of ``draft`` (a Draft with ``compact`` rows, or none for a
+    deterministic proposal) against the verifier's last len(draft) + 1 device rows on ``ctx``
+    (its top ``k`` + 1 attached), over their union (``NativeSampler.verify_device``); the
+    StepResult's ``next_token`` is the token id. None, with no uniform drawn, when a row is not
+    exact."""
+    c_ids, c_p = draft.compact if draft.compact is not None else (None, None)
+    if draft.compact is None and draft.probs is not None:  # a full [k, V] proposal: its support
+        support = [np.flatnonzero(row) for row in draft.probs]
+        width = max(len(x) for x in support)
+        c_ids = np.full((len(draft), width), -1, np.int32)
+        c_p = np.zeros((len(draft), width), np.float32)
+        for i, x in enumerate(support):
+            c_ids[i, :len(x)], c_p[i, :len(x)] = x, draft.probs[i][x]
+    return sampler.verify_device(ctx.row_reader, k + 1, c_ids, c_p,
+                                 np.ascontiguousarray(draft.tokens, np.int32))
 
 
 def full_probs(draft, n_vocab: int) -> np.ndarray | None:
@@ -133,7 +121,9 @@ def full_probs(draft, n_vocab: int) -> np.ndarray | None:
     exact); None for a deterministic proposal."""
     if draft.compact is None:
         return draft.probs
+    c_ids, c_p = draft.compact
     out = np.zeros((len(draft), n_vocab), np.float32)
-    for i, (c_ids, c_p) in enumerate(draft.compact):
-        out[i, c_ids] = c_p
+    for i in range(len(draft)):
+        used = c_ids[i] >= 0
+        out[i, c_ids[i][used]] = c_p[i][used]
     return out

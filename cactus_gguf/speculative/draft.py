@@ -41,9 +41,9 @@ class Draft:
     row under the request's warps (a greedy draft's p_i is one-hot: it says nothing); None with
     ``probs``. n_forwards: draft-model forward passes (``llama_decode`` calls) the proposal took.
     ``probs`` may view a drafter's buffer: valid until its next ``propose``. compact: instead of
-    ``probs`` (then None), when the draft's rows came from the device's top-K (device.py): per
-    token (ids int32 [m] ascending, probs float32 [m]), p_i over those ids (0 elsewhere); None
-    otherwise.
+    ``probs`` (then None), when the draft's rows came from the device's top-K (device.py): (ids
+    int32 [k, K + 1], probs float32 [k, K + 1]), row i p_i over its ids (ascending; -1 pads a row
+    of fewer ids; p_i is 0 elsewhere); None otherwise.
     """
 
     tokens: np.ndarray
@@ -51,7 +51,7 @@ class Draft:
     sources: tuple[str, ...] = ()
     p: np.ndarray | None = None
     n_forwards: int = 0
-    compact: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None
+    compact: tuple[np.ndarray, np.ndarray] | None = None
 
     @classmethod
     def empty(cls, n_forwards: int = 0) -> "Draft":
@@ -70,7 +70,8 @@ class Draft:
             return Draft.empty(self.n_forwards)
         return Draft(self.tokens[:n], None if self.probs is None else self.probs[:n],
                      self.sources[:n], None if self.p is None else self.p[:n], self.n_forwards,
-                     None if self.compact is None else self.compact[:n])
+                     None if self.compact is None else (self.compact[0][:n],
+                                                        self.compact[1][:n]))
 
     @property
     def lookup(self) -> bool:
@@ -216,21 +217,23 @@ class SamplingDrafter:
         confidence = self._confidence_row(sampler, plan)
         tokens, p = np.zeros(k, np.int32), np.zeros(k, np.float32)
         n_forwards, n = 1, 0
-        compact: list[tuple[np.ndarray, np.ndarray]] | None = None
+        compact: tuple[np.ndarray, np.ndarray] | None = None
         if self.device_k and grammar is None and self.ctx.device_top_k == self.device_k + 1:
-            compact = []
+            compact = (np.full((k, self.device_k + 1), -1, np.int32),
+                       np.zeros((k, self.device_k + 1), np.float32))
         try:
             for i in range(k):
                 if compact is not None:  # rows from the device's top-K (device.py)
-                    got = self._device_row(sampler, confidence) if self.ctx.device_top_k else None
+                    c_ids, c_p = compact[0][i], compact[1][i]
+                    got = (self._device_row(sampler, confidence, c_ids, c_p)
+                           if self.ctx.device_top_k else None)
                     if got is None:  # a tie at the K-th logit: this row (and the rest) in full
                         if self.ctx.device_top_k:
                             row = self.ctx.decode_full_again()[-1]
-                        got = self._full_row(row, rows[i], sampler, confidence)
-                    d, p_d, law, rep = got
+                        got = self._full_row(row, rows[i], sampler, confidence, c_ids, c_p)
+                    d, p_d, law = got
                     if plan.too_unsure(law):
                         break  # the draft is unsure: verify what we have
-                    compact.append(rep)
                     tokens[i], p[i] = d, p_d
                     n += 1
                     if i == k - 1 or self._is_eog(d) or not plan.more(p[:n]):
@@ -262,33 +265,38 @@ class SamplingDrafter:
         if n == 0:
             return Draft.empty(n_forwards)
         if compact is not None:
-            return Draft(tokens[:n], None, ("model",) * n, p[:n], n_forwards, tuple(compact))
+            return Draft(tokens[:n], None, ("model",) * n, p[:n], n_forwards,
+                         (compact[0][:n], compact[1][:n]))
         return Draft(tokens[:n], self._proposal(n), ("model",) * n, p[:n], n_forwards)
 
-    def _device_row(self, sampler: NativeSampler, confidence: np.ndarray | None):
-        """The draft's next token from the last decode's device top-K row (device.py): (d, p(d)
-        or its confidence, the law the plan reads, (ids, p) over the row's ids); None when the
-        row's top K is not exact (a tie at the K-th logit)."""
-        from .device import exact_row
-        row = exact_row(*self.ctx.candidates(1)[0], self.device_k)
-        if row is None:
+    def _device_row(self, sampler: NativeSampler, confidence: np.ndarray | None,
+                    c_ids: np.ndarray, c_p: np.ndarray):
+        """The draft's next token from the last decode's device top-K row (device.py), its ids
+        and p written into ``c_ids`` / ``c_p`` (int32 / float32 [K + 1]): (d, p(d) or its
+        confidence, the law the plan reads); None when the row's top K is not exact (a tie at
+        the K-th logit)."""
+        from .device import read_rows
+        got = read_rows(self.ctx, 1, self.device_k)
+        if got is None:
             return None
-        ids, logits = row
-        probs = np.empty(len(ids), np.float32)
-        j = sampler.draft_compact(logits, probs)
-        law = probs
+        ids, logits = got[0][0], got[1][0]
+        c_ids[:] = ids
+        j = sampler.draft_compact(logits, c_p)
+        law = c_p
         if confidence is not None:  # the row under the request's warps
             law = np.empty(len(ids), np.float32)
             sampler.warp_compact_into(logits, law)
-        return int(ids[j]), float(law[j]), law, (ids, probs)
+        return int(ids[j]), float(law[j]), law
 
     def _full_row(self, row: np.ndarray, out: np.ndarray, sampler: NativeSampler,
-                  confidence: np.ndarray | None):
-        """As ``_device_row`` from a full logits ``row`` (the fallback), ``out`` its p buffer."""
+                  confidence: np.ndarray | None, c_ids: np.ndarray, c_p: np.ndarray):
+        """As ``_device_row`` from a full logits ``row`` (the fallback), ``out`` its p buffer;
+        its support (at most K ids: the warps keep no more) into ``c_ids`` / ``c_p``."""
         d = sampler.draft(row[:self.n_logits], out)
-        support = np.flatnonzero(out).astype(np.int32)
+        support = np.flatnonzero(out)
+        c_ids[:len(support)], c_p[:len(support)] = support, out[support]
         law = out
         if confidence is not None:
             sampler.warp_into(row[:self.n_logits], confidence)
             law = confidence
-        return d, float(law[d]), law, (support, out[support].copy())
+        return d, float(law[d]), law

@@ -61,16 +61,16 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
                         may_drop=len(draft))
 
     t_accept = time.perf_counter()
-    rows = None
-    if top_k:  # the rows from the device's top-K (device.py), or all in full again after a tie
-        rows = [device.exact_row(ids, lg, top_k) for ids, lg in ver.candidates(len(draft) + 1)]
-        if any(r is None for r in rows):
-            rows, logits = None, ver.decode_full_again()
+    verdict = None
+    if top_k:  # on the rows from the device's top-K (device.py), or all in full again after a tie
+        verdict = _accept_rows(session, draft, ver, top_k)
+        if verdict is None:
+            logits = ver.decode_full_again()
             session.device_fallbacks += 1
     if session.drafter is not None and session.drafter.shared_v is not None:
         session.stats.add_coverage(_coverage(session, logits[0], session.drafter.shared_v))
-    verdict = _accept(session, draft, logits) if rows is None else _accept_rows(session, draft,
-                                                                                 rows)
+    if verdict is None:
+        verdict = _accept(session, draft, logits)
     n_acc = verdict.n_accepted
     if grammar is not None:
         grammar.commit(n_acc, verdict.next_token)  # drop the rejected drafts, advance by the token
@@ -137,14 +137,15 @@ def _on_device(ver: Context, session: Session) -> int:
     return k
 
 
-def _accept_rows(session: Session, draft: Draft,
-                 rows: list[tuple[np.ndarray, np.ndarray]]) -> StepResult:
-    """``_accept`` on the verifier's exact device rows (device.py; no grammar)."""
+def _accept_rows(session: Session, draft: Draft, ver: Context, top_k: int
+                 ) -> StepResult | None:
+    """``_accept`` on the verifier's device rows of its top ``top_k`` + 1 (device.py; no
+    grammar); None, having drawn nothing, when a row is not exact."""
     if not session.request.speculates:
-        return StepResult(0, device.sample_row(session.sampler, rows[0]), 0, 0.0, 0.0)
+        return device.sample_row(session.sampler, ver, top_k)
     if session.scope is not None:  # the top gap in code only (as _accept)
         session.sampler.use_acceptance(session.scope.rule)
-    return device.verify_rows(session.sampler, draft, rows)
+    return device.verify_rows(session.sampler, draft, ver, top_k)
 
 
 def _accept(session: Session, draft: Draft, logits: np.ndarray) -> StepResult:
