@@ -203,6 +203,13 @@ class GenerationStats:
         return 1e3 * self.grammar_seconds / self.n_tokens if self.n_tokens else 0.0
 
     @property
+    def host_ms_per_step(self) -> float:
+        """Host milliseconds per verification step (``accept_seconds`` / ``n_steps``): from the
+        verifier's decode returning to the step's verdict (reading its rows and the acceptance
+        test; a row tied at the top-K's edge under ``backend_sampling`` adds its decode again)."""
+        return 1e3 * self.accept_seconds / self.n_steps if self.n_steps else 0.0
+
+    @property
     def other_seconds(self) -> float:
         """Decode time outside the model calls and the native acceptance step: loop overhead."""
         return max(0.0, self.decode_seconds - self.draft_seconds - self.verify_seconds
@@ -211,7 +218,8 @@ class GenerationStats:
     DERIVED = ("mean_accepted_length", "acceptance_rate", "mean_drafted_length",
                "tokens_per_verifier_call", "tokens_per_second", "answer_seconds", "kl_mean",
                "output_kl_mean",
-               "delta_mean", "vocab_coverage", "grammar_ms_per_token", "other_seconds")
+               "delta_mean", "vocab_coverage", "grammar_ms_per_token", "host_ms_per_step",
+               "other_seconds")
 
     def as_dict(self) -> dict:
         """Every counter and derived figure, JSON-ready."""

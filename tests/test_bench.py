@@ -357,6 +357,9 @@ def test_kernel_benchmark_matches_reference_and_reports_ratio():
     for row in res["results"]:
         assert row["c_ms"] > 0 and row["numpy_ms"] > 0 and row["ratio"] > 0
         assert row["agree"] is True
+        # the compact step (top-k only) gave the full step's result at every repeat
+        assert (row.get("compact_agree"), row.get("compact_ms", 0) > 0) == (
+            (True, True) if row["warps"] == "top-k 20" else (None, False))
     assert bench.format_kernel_table(res)[0].split()[0] == "V"
 
 

@@ -33,7 +33,10 @@ def kernel_benchmark(ks: Iterable[int] = (4, 8, 16), vocab_sizes: Iterable[int] 
     reference gets the uniforms the C will draw, so both make the same decisions: ``agree`` says
     whether they returned the same AL and token every time. ``ratio`` = median NumPy time / median
     C time. ``rows`` is the mean number of verifier rows warped (evaluated positions, plus the
-    bonus row when all k pass).
+    bonus row when all k pass). With top-k, ``compact_ms`` times the same step on the rows' top
+    K + 1 as ``--backend-sampling`` runs it (``verify_compact``: the union and gather in C, then
+    the step on |U| ids; reading the rows from llama.cpp, one more C call, is in the run stats'
+    ``host_ms_per_step``), ``compact_agree`` whether it gave the full step's result every time.
     """
     from tqdm import tqdm
 
@@ -47,9 +50,12 @@ def kernel_benchmark(ks: Iterable[int] = (4, 8, 16), vocab_sizes: Iterable[int] 
         vl, probs, tokens = _synthetic_step(V, k, sp, acc, seed, logit_scale, draft_noise)
         s = NativeSampler(V, sp, acc, seed)
         s.verify(probs, tokens, vl)  # untimed: first touch of the workspace, as a decoder's 2nd step
-        rows.append({"V": V, "warps": wname, "k": k,
-                     **_time_cell(s, sp, vl, probs, tokens, method=method, delta=delta,
-                                  repeats=repeats, numpy_repeats=numpy_repeats)})
+        row = {"V": V, "warps": wname, "k": k,
+               **_time_cell(s, sp, vl, probs, tokens, method=method, delta=delta,
+                            repeats=repeats, numpy_repeats=numpy_repeats)}
+        if sp.top_k > 0:
+            row.update(_time_compact(V, sp, acc, seed, vl, probs, tokens, repeats))
+        rows.append(row)
     return {"schema": "cactus-gguf-kernels/1", "method": method, "delta": delta,
             "temperature": 0.6, "top_p": 0.95, "logit_scale": logit_scale,
             "draft_noise": draft_noise, "repeats": repeats, "numpy_repeats": numpy_repeats,
@@ -106,11 +112,47 @@ def _time_cell(s: NativeSampler, sp: SamplingParams, vl: np.ndarray, probs: np.n
             "agree": agree if np_ms else None}
 
 
+def _compact_rows(rows: np.ndarray, width: int, *, probs: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ``width`` largest entries (ties to the lower id) as (ids int32 [n, width]
+    ascending, their values [n, width]): what the device's top-K hands the host. ``probs``:
+    probability rows, whose zero entries become padding (id -1)."""
+    order = np.lexsort((np.broadcast_to(np.arange(rows.shape[1]), rows.shape), -rows), axis=1)
+    ids = np.sort(order[:, :width], axis=1).astype(np.int32)
+    vals = np.take_along_axis(rows, ids, 1)
+    if probs:
+        ids = np.where(vals > 0, ids, -1).astype(np.int32)
+    return np.ascontiguousarray(ids), np.ascontiguousarray(vals)
+
+
+def _time_compact(V: int, sp: SamplingParams, acc: AcceptanceParams, seed: int, vl: np.ndarray,
+                  probs: np.ndarray, tokens: np.ndarray, repeats: int) -> dict:
+    """The same step on compact rows (``NativeSampler.verify_compact``: the verifier rows' top
+    K + 1 and the draft's p over its own ids, their union built and gathered in C), as
+    ``--backend-sampling`` runs it after llama.cpp's top-K: the median ms per step, and whether
+    it returned the full step's result every time (two samplers of one seed, call for call)."""
+    v_ids, v_logits = _compact_rows(vl, sp.top_k + 1)
+    d_ids, d_probs = _compact_rows(probs, sp.top_k + 1, probs=True)
+    full, compact = NativeSampler(V, sp, acc, seed), NativeSampler(V, sp, acc, seed)
+    ms, agree = [], True
+    for _ in range(repeats):
+        want = full.verify(probs, tokens, vl)
+        t0 = time.perf_counter()
+        got = compact.verify_compact(v_ids, v_logits, d_ids, d_probs, tokens)
+        ms.append((time.perf_counter() - t0) * 1e3)
+        agree &= got == want
+    return {"compact_ms": float(statistics.median(ms)), "compact_agree": agree}
+
+
 def format_kernel_table(result: dict) -> list[str]:
     """The kernel benchmark as aligned text lines."""
-    head = ["V", "warps", "k", "rows", "C ms/step", "C ms/row", "NumPy ms/step", "NumPy / C", "agree"]
+    def yes(v):
+        return "-" if v is None else ("yes" if v else "NO")
+
+    head = ["V", "warps", "k", "rows", "C ms/step", "C ms/row", "NumPy ms/step", "NumPy / C",
+            "agree", "compact ms/step", "same"]
     rows = [head] + [[str(r["V"]), r["warps"], str(r["k"]), f"{r['rows']:.1f}", f"{r['c_ms']:.3f}",
                       f"{r['c_ms_per_row']:.3f}", fmt(r["numpy_ms"], ".1f"), fmt(r["ratio"], ".0f"),
-                      "-" if r["agree"] is None else ("yes" if r["agree"] else "NO")]
+                      yes(r["agree"]), fmt(r.get("compact_ms"), ".3f"), yes(r.get("compact_agree"))]
                      for r in result["results"]]
     return columns(rows, right=True)

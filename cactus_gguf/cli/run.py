@@ -43,7 +43,8 @@ def summary(result, request) -> str:
                          "call")
         parts.append(f"output KL {s.output_kl_mean:.3f}/token (max {s.output_kl_max:.3f}, "
                      f"sum {s.output_kl_sum:.2f}) nats, target KL {s.kl_mean:.3f}")
-        parts.append(f"draft {s.draft_seconds:.2f} s, verify {s.verify_seconds:.2f} s")
+        parts.append(f"draft {s.draft_seconds:.2f} s, verify {s.verify_seconds:.2f} s, host "
+                     f"{s.host_ms_per_step:.2f} ms/step")
         if s.draft_stopped_at is not None:
             parts.append(f"drafting stopped at token {s.draft_stopped_at} ({s.draft_stop_reason}): "
                          "the verifier alone after it")
