@@ -22,8 +22,13 @@
    on the first prompt (``run -ngl N -ngld M``; the tests check these placements on tiny models,
    tests/test_vulkan.py).
 5. **Small bench**: ``cactus-gguf bench`` of none, sps and the default rule (cactus-ends-gap:
-   δ = 1, protected ends, the top gap) on the first prompts, sampled with the pair's settings, on the device: per answer (seconds, verifier calls, tokens)
-   and per token, its bench.json / bench.md under OUT/bench.
+   δ = 1, protected ends, the top gap) on the first prompts, sampled with the pair's settings, on
+   the device: per answer (seconds, verifier calls, tokens) and per token, its bench.json /
+   bench.md under OUT/bench. With ``--peers`` (gpu_check.sh: ``PEERS=1``) llama.cpp's own
+   speculation runs beside them (``bench --peers``: llama-server at p-min 0.75 and 0, every
+   layer offloaded), from a llama-server built once with the same backend flag
+   (cactus_gguf/llama/build.py; cached apart from the CPU build) and put first on the bench's
+   PATH.
 
 Writes OUT/gpu-check.json (everything) and OUT/gpu-check.md (the tables). Exit code 1 when a
 greedy answer differs, 0 otherwise. Needs no network when the models are local files (or in the
@@ -50,10 +55,14 @@ METHODS = ("none", "sps", "cactus")
 ALL_LAYERS = ("-ngl", "99", "-ngld", "99")
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    """``cactus-gguf ARGS`` in this environment (the GPU build), output captured."""
+def cli(*args: str, path: Path | None = None) -> subprocess.CompletedProcess:
+    """``cactus-gguf ARGS`` in this environment (the GPU build), output captured; ``path``: a
+    directory put first on its PATH."""
+    env = None
+    if path is not None:
+        env = {**os.environ, "PATH": os.pathsep.join([str(path), os.environ.get("PATH", "")])}
     return subprocess.run([sys.executable, "-m", "cactus_gguf", *args], capture_output=True,
-                          text=True)
+                          text=True, env=env)
 
 
 def models(args) -> tuple[str, str, dict]:
@@ -159,6 +168,13 @@ def measure(args) -> int:
     t0 = time.monotonic()
     report["splits"] = split_placements(ver, dft, texts[0], args)
     report["splits_seconds"] = time.monotonic() - t0
+    server_dir = None
+    if args.peers:  # llama-server with this backend, before the bench's clock starts
+        from cactus_gguf.llama.build import llama_server
+
+        server = llama_server(sdist=args.sdist, backend_flags=BACKEND_FLAGS[args.backend],
+                              log=print)
+        server_dir, report["peer_server"] = server.parent, str(server)
     t0 = time.monotonic()
     bench_dir = out / "bench"
     sampling = [f"--{name.replace('_', '-')}={settings[name]}"
@@ -168,7 +184,8 @@ def measure(args) -> int:
             str(args.n_predict), "-c", str(args.ctx_size), "-k", "4",
             "--configs", "none,sps,cactus-ends-gap@1", *sampling,
             *ALL_LAYERS, "-t", str(args.threads), "--forward-repeats", "1", "--no-progress",
-            "--no-plot", "--output", str(bench_dir))
+            "--no-plot", "--output", str(bench_dir), *(["--peers"] if args.peers else []),
+            path=server_dir)
     if r.returncode != 0:
         sys.exit(f"gpu_check: bench failed: {r.stderr.strip()[-2000:]}")
     report["bench_seconds"] = time.monotonic() - t0
@@ -244,6 +261,9 @@ def main() -> None:
                     help="n_ctx of both models (lavapipe: up to 768 needs no long warm-up)")
     ap.add_argument("--repeats", type=int, default=5, help="timed decodes per probed batch size")
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--peers", action="store_true",
+                    help="also run llama.cpp's own speculation in the bench (llama-server built "
+                         "with the backend: once, about 10-20 minutes)")
     args = ap.parse_args()
     build = gpu_build(args.backend, args.sdist)
     if os.environ.get("LLAMA_CPP_LIB_PATH") != str(build.lib):  # run again on the GPU build

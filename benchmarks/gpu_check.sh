@@ -14,13 +14,16 @@
 # Intel GPUs or Mesa's lavapipe), VERIFIER and DRAFT (GGUF paths; default: the default pair from
 # ~/.cache/cactus-gguf), PROMPTS (4), N_PREDICT (64), CTX (n_ctx, -c; 2048), REPEATS (timed
 # decodes per probed batch size; 5), THREADS (CPU threads, -t; default: all cores), PYTHON
-# (python3), CACTUS_GGUF_LAVAPIPE_WARMUP (set to 1 here with BACKEND=vulkan; 0 for none).
+# (python3), CACTUS_GGUF_LAVAPIPE_WARMUP (set to 1 here with BACKEND=vulkan; 0 for none), PEERS
+# (1: llama.cpp's own speculation beside the small bench, `bench --peers`, from a llama-server
+# built once with the same backend).
 # On Mesa's lavapipe (a software Vulkan device) each context must first make a warm-up without
 # which the driver crashes (cactus_gguf/llama/lavapipe.py); cactus-gguf makes it only when this
 # variable asks, and only for contexts whose layers are on lavapipe: a real GPU makes none.
 # Steps (benchmarks/gpu_check.py): build llama.cpp with the backend (cached), --list-devices,
 # greedy SpS / Cactus equal to the verifier alone with -ngl 99 -ngld 99, the cost probe (verifier
-# 1 ... 17 tokens, draft 1 token), a small bench (none, sps, the default rule). Exit code 1 when a
+# 1 ... 17 tokens, draft 1 token), a small bench (none, sps, the default rule; with PEERS=1
+# llama-server's speculation beside them). Exit code 1 when a
 # greedy answer differs from the verifier alone's.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,6 +48,7 @@ args=(--backend "${BACKEND:-cuda}" -o "$out" --prompts "${PROMPTS:-4}" -n "${N_P
 [ -n "${THREADS:-}" ] && args+=(-t "$THREADS")
 [ -n "${VERIFIER:-}" ] && args+=(-m "$VERIFIER")
 [ -n "${DRAFT:-}" ] && args+=(-md "$DRAFT")
+[ "${PEERS:-0}" = 1 ] && args+=(--peers)
 if [ "${BACKEND:-cuda}" = vulkan ]; then
     export CACTUS_GGUF_LAVAPIPE_WARMUP=${CACTUS_GGUF_LAVAPIPE_WARMUP:-1}
 fi

@@ -21,6 +21,7 @@ from cactus_gguf.bench import peers
 from cactus_gguf.bench.report import peer_rows, per_prompt_rows
 from cactus_gguf.cli import main
 from cactus_gguf.errors import EngineError, InputError
+from cactus_gguf.llama import build
 from cactus_gguf.llama.build import llama_server_found
 from cactus_gguf.options import LoadOptions, Request
 
@@ -196,6 +197,25 @@ def test_no_llama_server_to_find_or_build_is_one_line(tiny_pair, tmp_path):
     assert len(errors) == 1 and "cmake" in errors[0] and "Traceback" not in r.output
     r = CliRunner().invoke(main, args[:8] + ["auto"] + args[9:], env=env)
     assert r.exit_code == 1 and "--peers needs a fixed draft length" in r.output
+
+
+def test_a_backend_build_has_its_own_cache_and_never_takes_path_s(tmp_path, monkeypatch):
+    """gpu_check's llama-server (``backend_flags``): not the one on PATH (its backend is
+    unknown), and cached apart from the CPU build."""
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    (on_path / "llama-server").write_text("#!/bin/sh\n")
+    (on_path / "llama-server").chmod(0o755)
+    monkeypatch.setenv("PATH", str(on_path))
+    monkeypatch.setenv("CACTUS_GGUF_CACHE", str(tmp_path / "cache"))
+    assert llama_server_found() == on_path / "llama-server"
+    assert llama_server_found(("-DGGML_VULKAN=ON",)) is None
+    cpu, vulkan = build._server_root(), build._server_root(("-DGGML_VULKAN=ON",))
+    assert cpu != vulkan and cpu.parent == vulkan.parent
+    (vulkan / "bin").mkdir(parents=True)
+    (vulkan / "bin" / "llama-server").write_text("")
+    (vulkan / "DONE").write_text("")
+    assert llama_server_found(("-DGGML_VULKAN=ON",)) == vulkan / "bin" / "llama-server"
 
 
 # -- llama-server for real ------------------------------------------------------------------------

@@ -139,33 +139,39 @@ def _cpu_key() -> str:
     return f"{platform.machine()} {flags}"
 
 
-def _server_root() -> Path:
-    """The cache directory of this llama-cpp-python version's llama-server build on this CPU."""
+def _server_root(backend_flags: Sequence[str] = ()) -> Path:
+    """The cache directory of this llama-cpp-python version's llama-server build on this CPU
+    (with ``backend_flags``: a GPU backend's build, a directory of its own)."""
     ver = llama_cpp_python_version()
-    key = hashlib.sha256((" ".join(SERVER_FLAGS) + "\n" + _cpu_key()).encode()).hexdigest()[:8]
+    flags = " ".join((*SERVER_FLAGS, *backend_flags))
+    key = hashlib.sha256((flags + "\n" + _cpu_key()).encode()).hexdigest()[:8]
     return cache_root() / "llama-server" / f"{ver}-{key}"
 
 
-def llama_server_found() -> Path | None:
-    """The ``llama-server`` that is there without a build: on PATH, else the cached build; None
+def llama_server_found(backend_flags: Sequence[str] = ()) -> Path | None:
+    """The ``llama-server`` that is there without a build: on PATH (only without
+    ``backend_flags``: which backend a PATH binary has is unknown), else the cached build; None
     when neither is."""
-    found = shutil.which(SERVER_BINARY)
+    found = None if backend_flags else shutil.which(SERVER_BINARY)
     if found:
         return Path(found)
-    root = _server_root()
+    root = _server_root(backend_flags)
     binary = root / "bin" / SERVER_BINARY
     return binary if (root / "DONE").exists() and binary.exists() else None
 
 
 def llama_server(*, sdist: Path | None = None, jobs: int | None = None,
-                 log: Callable[[str], None] | None = None) -> Path:
+                 log: Callable[[str], None] | None = None,
+                 backend_flags: Sequence[str] = ()) -> Path:
     """The ``llama-server`` to run: on PATH, else built (once, cached; see the module's text).
-    ``log`` receives a line before a build starts. Raises BuildError."""
-    found = llama_server_found()
+    ``backend_flags``: CMake flags of a GPU backend (``-DGGML_CUDA=ON``, ``-DGGML_VULKAN=ON``):
+    that backend's build, never PATH's (benchmarks/gpu_check.py puts it first on the bench's
+    PATH). ``log`` receives a line before a build starts. Raises BuildError."""
+    found = llama_server_found(backend_flags)
     if found is not None:
         return found
     ver = llama_cpp_python_version()
-    root = _server_root()
+    root = _server_root(backend_flags)
     binary, done = root / "bin" / SERVER_BINARY, root / "DONE"
     from ..registry.cache import locked
 
@@ -188,8 +194,8 @@ def llama_server(*, sdist: Path | None = None, jobs: int | None = None,
             binary.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(build / "bin" / SERVER_BINARY, binary)
 
-        cmake_build_vendored(SERVER_FLAGS, [SERVER_BINARY], build_log, sdist=sdist, jobs=jobs,
-                             collect=collect)
+        cmake_build_vendored((*SERVER_FLAGS, *backend_flags), [SERVER_BINARY], build_log,
+                             sdist=sdist, jobs=jobs, collect=collect)
         done.write_text(f"{ver} {time.monotonic() - t0:.0f}\n")
     return binary
 
