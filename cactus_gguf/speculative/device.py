@@ -31,6 +31,7 @@ backend sampler of this llama.cpp aborts there: ``llama.device_top_k.vulkan_buil
 from __future__ import annotations
 
 import logging
+
 import numpy as np
 
 from ..sampling import NativeSampler

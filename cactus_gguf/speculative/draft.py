@@ -14,6 +14,7 @@ import numpy as np
 
 from ..sampling import EmptyMaskError, NativeSampler
 from ..sampling.constraints import Constraint
+from .device import read_rows
 
 if TYPE_CHECKING:
     from ..llama import Context
@@ -275,7 +276,6 @@ class SamplingDrafter:
         and p written into ``c_ids`` / ``c_p`` (int32 / float32 [K + 1]): (d, p(d) or its
         confidence, the law the plan reads); None when the row's top K is not exact (a tie at
         the K-th logit)."""
-        from .device import read_rows
         got = read_rows(self.ctx, 1, self.device_k)
         if got is None:
             return None
