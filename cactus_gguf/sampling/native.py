@@ -447,7 +447,6 @@ class NativeSampler:
         if w.acceptance is not self._acceptance:
             w.point(self._ap)
             w.acceptance = self._acceptance
-        w.need = cap
         return w
 
     def _verify_union(self, w: "_CompactBuffers", ver_ids: int, ver_logits: int, width: int,
@@ -460,7 +459,7 @@ class NativeSampler:
                             None if draft_ids is None else addr(draft_ids),
                             None if draft_ids is None else addr(draft_probs), n_draft,
                             0 if draft_ids is None else draft_ids.shape[1], addr(draft_tokens), k,
-                            None if end is None else addr(end), self._n_vocab, w.need, w.scratch,
+                            None if end is None else addr(end), self._n_vocab, w.cap, w.scratch,
                             w.ids, w.logits, w.probs, w.index, w.end, w.n_p)
         if st != CG_OK:
             raise_status(st, "cg_compact_union")
@@ -491,7 +490,7 @@ class _CompactBuffers:
     addresses computed once (a step passes them, allocating nothing)."""
 
     def __init__(self, cap: int, n_rows: int, width: int) -> None:
-        self.cap, self.n_rows, self.width, self.need, self.acceptance = cap, n_rows, width, 0, None
+        self.cap, self.n_rows, self.width, self.acceptance = cap, n_rows, width, None
         self.id_array = np.empty(cap, np.int32)
         self._arrays = (np.empty(cap, np.int32), np.empty(n_rows * cap, np.float32),
                         np.empty(n_rows * cap, np.float32), np.empty(n_rows, np.int32),
