@@ -1,6 +1,7 @@
 """The one options schema: every front end derives from cactus_gguf/options/, so nothing can drift.
 
-- the README's flag tables are exactly what ``python -m cactus_gguf.options`` prints;
+- the flag tables of docs/options.md are exactly what ``python -m cactus_gguf.options`` prints
+  (``python docs/generate.py`` rewrites them);
 - every click option of ``run`` / ``bench`` has the schema's default (``--help`` shows it);
 - the API records' defaults are the schema's; a pair's recommendation applies once, the same way,
   for run and bench; library messages name options by API name, the CLI by flag.
@@ -16,17 +17,16 @@ import pytest
 from cactus_gguf import options
 from cactus_gguf.errors import InputError
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+OPTIONS_DOC = Path(__file__).resolve().parent.parent / "docs" / "options.md"
 
 
-@pytest.mark.parametrize("command", ["run", "bench"])
-def test_readme_flag_table_matches_the_schema(command):
-    text = README.read_text(encoding="utf-8")
+@pytest.mark.parametrize("command", ["run", "bench", "serve"])
+def test_the_docs_flag_table_matches_the_schema(command):
+    text = OPTIONS_DOC.read_text(encoding="utf-8")
     m = re.search(rf"<!-- options:{command}[^>]*-->\n(.*?)<!-- /options:{command} -->", text, re.S)
-    assert m, f"README has no generated {command} table"
+    assert m, f"docs/options.md has no generated {command} table"
     assert m.group(1) == options.markdown_table(command), (
-        f"README's {command} table is stale: regenerate it with python -m cactus_gguf.options "
-        f"{command}")
+        f"docs/options.md's {command} table is stale: regenerate it with python docs/generate.py")
 
 
 @pytest.mark.parametrize("command", ["run", "bench"])

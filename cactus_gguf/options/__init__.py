@@ -9,8 +9,8 @@ registry pair may recommend a value for it. Everything else is derived from this
   field's default and its Option, from which the validation reads the allowed values), and the
   parameter sets below them (sampling/params.py, llama/context.py), declared the same way;
 - the ``cactus-gguf run`` / ``bench`` command-line options (``cli/``) and their ``--help``;
-- the benchmark's grids (``--k 4,8``, ``--delta 0.5,1``) and the README's flag table
-  (``python -m cactus_gguf.options``; ``tests/test_options.py`` checks the README against it).
+- the benchmark's grids (``--k 4,8``, ``--delta 0.5,1``) and the flag tables of docs/options.md
+  (``python docs/generate.py``; ``tests/test_options.py`` checks them against it).
 
 Scopes: ``load`` (an engine's models and contexts), ``request`` (one generation: sampling, acceptance
 rule, draft length, drafter, n_predict, stop strings, seed) and ``run`` (what only the ``run`` command

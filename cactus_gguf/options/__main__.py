@@ -1,4 +1,4 @@
-"""python -m cactus_gguf.options [COMMAND]: print the README's flag table of COMMAND (default run)."""
+"""python -m cactus_gguf.options [COMMAND]: print COMMAND's flag table (docs/options.md; default run)."""
 import sys
 
 from .table import markdown_table

@@ -234,7 +234,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("k", int, "auto", "draft length: tokens proposed per verification step (below `-b`); "
            "`auto`: each step drafts as many (0 … `--k-max`) as pay for themselves on this "
            "machine (its forward costs, probed once and cached, and the acceptance seen so far; "
-           "README \"Draft length\"); 0 = no speculation (the verifier alone, as llama.cpp's "
+           "docs/run.md \"Draft length\"); 0 = no speculation (the verifier alone, as llama.cpp's "
            "`--draft-max 0`)", ("-k", "--draft-max"), applies=_SPECULATING,
            range=Range(lo=0, note="0 = no speculation"),
            recommend=True, grid=True, metavar="K", words=("auto",)),
@@ -274,7 +274,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("top_gap", float, 0.5, "Cactus: relax only drafts within G nats of the verifier's "
            "top token (q[n] ≥ max q · e^−G), where `--top-gap-scope` says; the others are "
            "accepted as SpS would; `inf` = every draft (the paper's rule). The default rule "
-           "(top gap 0.5 in code, protected ends 0.1): README \"Which rule is the default\"",
+           "(top gap 0.5 in code, protected ends 0.1): docs/benchmarks.md \"Which rule is the "
+           "default\"",
            ("--top-gap",), applies=_CACTUS, range=Range(lo=0.0), recommend=True, metavar="G"),
     Option("protect_ends", float, 0.1, "Cactus: at positions where the verifier puts at least "
            "TAU on ending (end-of-generation tokens and tokens that start a stop string), keep "
@@ -308,7 +309,7 @@ OPTIONS: tuple[Option, ...] = (
            "tokens: ids translated), `intersect` (different tokenizers: the draft samples only "
            "tokens both vocabularies have, renormalised; exact), `text` (different tokenizers: "
            "the draft's text is re-tokenised by the verifier, proposals treated as one-hot); "
-           "`auto` = what `cactus-gguf vocab VERIFIER DRAFT` says the pair needs (README "
+           "`auto` = what `cactus-gguf vocab VERIFIER DRAFT` says the pair needs (docs/models.md "
            "\"Foreign drafts\")", ("--draft-vocab",), applies=(("drafter", MODEL_DRAFTERS),),
            choices=DRAFT_VOCABS),
     Option("draft_min", int, 0, "drop a draft shorter than N (that step is verifier-only), as "
@@ -323,7 +324,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("draft_temp", float, None, "the draft's own temperature: it samples its proposals at T "
            "with the request's top-k / top-p / min-p (0 = greedy: a one-hot proposal at its top "
            "token), and every acceptance rule checks exactly that proposal, so SpS stays exact "
-           "(README \"Draft temperature\")", ("--draft-temp",), applies=_SAMPLED_DRAFT,
+           "(docs/run.md \"Draft temperature\")", ("--draft-temp",), applies=_SAMPLED_DRAFT,
            range=Range(lo=0.0, hi=math.inf, hi_open=True, note="0 = greedy"), optional=True,
            shown_default="--temp", metavar="T"),
     Option("top_k", int, 40, "top-k (0 = off)", ("--top-k",),
@@ -338,7 +339,7 @@ OPTIONS: tuple[Option, ...] = (
            "the k-th logit decodes the batch again in full); `auto` = where available (no "
            "grammar, log-probabilities, foreign / MTP draft, recurrent model or Vulkan build), `on` = "
            "the same, "
-           "warning once when it cannot, `off` = full rows (README \"Warps on the device\")",
+           "warning once when it cannot, `off` = full rows (docs/run.md \"Warps on the device\")",
            ("--backend-sampling",), choices=("auto", "on", "off")),
     Option("seed", int, -1, "RNG seed; -1 = random (the seed used is reported)", ("-s", "--seed"),
            range=Range(hi=2**64, hi_open=True, note="negative = random"), metavar="N",
@@ -347,7 +348,8 @@ OPTIONS: tuple[Option, ...] = (
            multiple=True, metavar="TEXT", shown_default="", commands=_GEN),
     Option("grammar", str, None, "constrain the output to a GBNF grammar (llama.cpp's format): "
            "the grammar text or a `.gbnf` file; the draft, the acceptance test, the residual and "
-           "the bonus token all see only the tokens it allows (README \"Structured output\")",
+           "the bonus token all see only the tokens it allows (docs/server.md "
+           "\"Structured output\")",
            ("--grammar", "--grammar-file"), optional=True, metavar="GBNF", shown_default="none",
            file_or_text=True),
     Option("json_schema", str, None, "constrain the output to JSON valid under a JSON Schema: "
@@ -520,7 +522,7 @@ def check_value(name: str, value: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------
-# The README flag table
+# The flag tables of docs/options.md
 # ------------------------------------------------------------------------------------------------
 
 def _shown_default(o: Option, command: str) -> str:
@@ -547,7 +549,7 @@ def _flag_cell(o: Option) -> str:
 
 
 def markdown_table(command: str = "run") -> str:
-    """The Markdown flag table of ``command`` (README's ``cactus-gguf run`` table)."""
+    """The Markdown flag table of ``command`` (docs/options.md; ``python docs/generate.py``)."""
     rows = ["| flag | default | meaning |", "|---|---|---|"]
     for o in OPTIONS:
         if command in o.commands and o.flags:
