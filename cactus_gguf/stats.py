@@ -13,7 +13,7 @@ verifier calls, ``n_draft_forwards``, ``n_tokens``) are the headline speed figur
 second alone hides a rule that makes answers longer. Times are wall-clock seconds;
 KL values are nats: ``kl_*`` of each drafted token's acceptance target h (what the paper's delta
 bounds), ``output_kl_*`` of the law P of the token each draft position emits (what the output
-actually diverges; docs/maths.md, "The emitted law"). See README "--json".
+actually diverges; docs/maths.md, "The emitted law"). See docs/run.md "What a run prints".
 """
 from __future__ import annotations
 

@@ -6,9 +6,23 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .grid import k_order
+from .grid import FAMILIES, k_order
 
-__all__ = ["plot_report", "plot_pareto", "pareto_points", "plot_k", "plot_quality"]
+__all__ = ["plot_report", "plot_pareto", "pareto_points", "plot_k", "plot_quality",
+           "FAMILY_STYLES"]
+
+# One (colour, marker) per configuration family of the grid, no marker used twice (so a family
+# is told apart in grey print too, mtp from mtp-sps say): the Pareto view and the k plot.
+# plot_k's ``k=auto`` star is its own (a large "*" edged in black), so no family takes "*".
+FAMILY_STYLES = {
+    "cactus": ("tab:blue", "o"), "cactus-output": ("tab:purple", "s"),
+    "cactus-exact": ("navy", "h"), "cactus-ends": ("tab:cyan", "p"),
+    "cactus-ends-gap": ("teal", "H"), "sps": ("tab:orange", "D"), "typical": ("tab:green", "^"),
+    "ears": ("goldenrod", "<"), "topk": ("tab:brown", "v"), "ngram": ("tab:red", "x"),
+    "ngram-cactus": ("tab:pink", "P"), "hybrid": ("tab:olive", "8"),
+    "mtp-sps": ("darkorange", "d"), "mtp": ("slateblue", ">"),
+}
+_PARETO_NAMES = {"cactus": "cactus (target budget)", "cactus-output": "cactus (output budget)"}
 
 
 def _pyplot():
@@ -140,8 +154,7 @@ def pareto_points(report: dict) -> list[dict]:
     """The Pareto view's data, one point per speculative configuration: its family (sps, typical,
     topk, "cactus (target budget)", "cactus (output budget)", ngram...), k, δ, measured
     output KL (mean KL(P || q) per token, nats), acceptance length and median tokens/s."""
-    names = {"cactus": "cactus (target budget)", "cactus-output": "cactus (output budget)"}
-    return [{"family": names.get(s["method"], s["method"]), "config": s["config"], "k": s["k"],
+    return [{"family": _PARETO_NAMES.get(s["method"], s["method"]), "config": s["config"], "k": s["k"],
              "delta": s["delta"], "output_kl_mean": s.get("output_kl_mean"),
              "output_kl_max": s.get("output_kl_max"), "target_kl_mean": s["kl_mean"],
              "mean_accepted_length": s["mean_accepted_length"],
@@ -150,32 +163,54 @@ def pareto_points(report: dict) -> list[dict]:
             for s in report["summary"] if s["k"] is not None]
 
 
+def _family_style(method: str) -> tuple[str, str]:
+    """(colour, matplotlib format) of a family: its marker, joined by a line when its points
+    are a δ sweep."""
+    color, marker = FAMILY_STYLES.get(method, ("gray", "o"))
+    return color, marker + ("-" if FAMILIES.get(method, {}).get("per_delta") else "")
+
+
+def _label_points(ax, labels: list[tuple[float, float, str, str]], fontsize: float = 6) -> None:
+    """Each (x, y, text, colour) as a label beside its point, moved up or down by a label's height
+    until it overlaps no label placed before it (points at one place, or close, get their labels
+    stacked instead of printed over each other). Call once the axes' data and size are final."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    placed = []
+    for x, y, text, color in labels:
+        note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4),
+                           fontsize=fontsize, color=color)
+        step = 1.3 * fontsize
+        for i in range(60):  # 4, then alternately above and below, a label's height apart
+            note.xyann = (4, 4 + step * ((i + 1) // 2) * (1 if i % 2 else -1))
+            box = note.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+        placed.append(note.get_window_extent(renderer))
+
+
 def plot_pareto(report: dict, path: str | os.PathLike[str]) -> Path:
     """PNG: acceptance length (left) and tokens/s (right) against the measured output KL, one line
-    per δ-family (points labelled with δ), one marker per other rule; the verifier alone as a
-    horizontal line on the right. Up and to the left is better: more acceptance per nat of real
-    distortion. Raises ImportError with an install hint when matplotlib is missing."""
+    per δ-family (points labelled with δ, labels never printed over each other), one marker per
+    other rule (each family its own: FAMILY_STYLES); the verifier alone as a horizontal line on
+    the right. Up and to the left is better: more acceptance per nat of real distortion. Raises
+    ImportError with an install hint when matplotlib is missing."""
     plt = _pyplot()
     pts = pareto_points(report)
     fig, (ax_al, ax_tps) = plt.subplots(1, 2, figsize=(11, 4.2))
-    styles = {"cactus (target budget)": ("tab:blue", "o-"), "cactus (output budget)": ("tab:purple", "s-"),
-              "sps": ("tab:orange", "D"), "typical": ("tab:green", "^"), "topk": ("tab:brown", "v"),
-              "ngram": ("tab:red", "x"), "ngram-cactus": ("tab:pink", "P-"),
-              "hybrid": ("tab:olive", "*")}
+    methods = {v: k for k, v in _PARETO_NAMES.items()}
+    labels: dict = {ax_al: [], ax_tps: []}
     for fam in dict.fromkeys(p["family"] for p in pts):
         for k in sorted({p["k"] for p in pts if p["family"] == fam}, key=k_order):
             line = sorted((p for p in pts if p["family"] == fam and p["k"] == k),
                           key=lambda p: (p["delta"] or 0.0))
-            color, marker = styles.get(fam, ("gray", "o"))
+            color, marker = _family_style(methods.get(fam, fam))
             label = fam + (f" k={k}" if len({p["k"] for p in pts}) > 1 else "")
             x = [p["output_kl_mean"] for p in line]
             for ax, key in ((ax_al, "mean_accepted_length"), (ax_tps, "tokens_per_second")):
                 ax.plot(x, [p[key] for p in line], marker, color=color, label=label)
-                for p in line:
-                    if p["delta"] is not None:
-                        ax.annotate(f"δ={p['delta']:g}", (p["output_kl_mean"], p[key]),
-                                    textcoords="offset points", xytext=(4, 4), fontsize=6,
-                                    color=color)
+                labels[ax] += [(p["output_kl_mean"], p[key], f"δ={p['delta']:g}", color)
+                               for p in line if p["delta"] is not None]
     for s in report["summary"]:
         if s["method"] == "none":
             ax_tps.axhline(s["tokens_per_second"]["median"], color="black", lw=1.8,
@@ -186,6 +221,9 @@ def plot_pareto(report: dict, path: str | os.PathLike[str]) -> Path:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         _legend(ax, fontsize=7)
+    fig.tight_layout()  # the axes' final size: the labels are placed in points
+    for ax, points in labels.items():
+        _label_points(ax, points)
     st = report["settings"]
     warps = ", ".join(f"{k} {st[k]}" for k in ("temperature", "top_k", "top_p", "min_p") if k in st)
     fig.suptitle(f"acceptance per nat of real distortion ({warps}; {report['machine']['cpu']}, "
@@ -197,19 +235,18 @@ def plot_k(report: dict, path: str | os.PathLike[str]) -> Path | None:
     """PNG, two panels against the draft length: median tokens/s and mean seconds per answer
     (end to end), one line per configuration family over the fixed ks (δ the first of the grid
     for the Cactus families), and each ``k=auto`` configuration as a star at the mean length it
-    drafted per step; the verifier alone as a horizontal line. None when the run has fewer than
-    two draft lengths (``auto`` counts as one). Raises ImportError with an install hint when
-    matplotlib is missing."""
+    drafted per step; the verifier alone as a horizontal line. Each family its own colour and
+    marker (FAMILY_STYLES); the legends below the panels, where they hide no point. None when the
+    run has fewer than two draft lengths (``auto`` counts as one). Raises ImportError with an
+    install hint when matplotlib is missing."""
     summary = [s for s in report["summary"] if s["k"] is not None and not s.get("constrained")]
     if len({s["k"] for s in summary}) < 2:
         return None
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    n_entries = 2 * len({s["method"] for s in summary}) + 1  # a family's two, the verifier alone
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2 + 0.12 * n_entries))
     panels = ((axes[0], lambda s: s["tokens_per_second"]["median"], "tokens/s (median over prompts)"),
               (axes[1], _seconds_per_answer, "seconds per answer, end to end (mean)"))
-    colors = dict(zip(("cactus", "sps", "hybrid", "ngram", "typical", "topk", "cactus-exact",
-                       "cactus-output", "ngram-cactus"), plt.rcParams["axes.prop_cycle"].by_key()
-                      ["color"]))
     for ax, value, ylabel in panels:
         for fam in dict.fromkeys(s["method"] for s in summary):
             rows = [s for s in summary if s["method"] == fam]
@@ -217,10 +254,10 @@ def plot_k(report: dict, path: str | os.PathLike[str]) -> Path | None:
             rows = [s for s in rows if s["delta"] == first_delta and value(s) is not None]
             name = fam + (f" δ={first_delta:g}" if first_delta is not None else "")
             fixed = sorted((s for s in rows if s["k"] != "auto"), key=lambda s: s["k"])
-            color = colors.get(fam, "gray")
+            color, marker = FAMILY_STYLES.get(fam, ("gray", "o"))
             if fixed:
-                ax.plot([s["k"] for s in fixed], [value(s) for s in fixed], "o-", color=color,
-                        label=f"{name}, fixed k")
+                ax.plot([s["k"] for s in fixed], [value(s) for s in fixed], marker + "-",
+                        color=color, label=f"{name}, fixed k")
             for s in rows:
                 if s["k"] == "auto":
                     ax.plot([s["mean_drafted_length"]], [value(s)], "*", ms=14, color=color,
@@ -232,7 +269,7 @@ def plot_k(report: dict, path: str | os.PathLike[str]) -> Path | None:
         ax.set_xlabel("draft length k (auto: mean tokens drafted per step)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        _legend(ax, fontsize=7)
+        _legend(ax, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14))  # below
     st = report["settings"]
     fig.suptitle(f"speed against draft length ({report['machine']['cpu']}, n={st['n_predict']}, "
                  f"{st['n_prompts']} prompts)", fontsize=8)

@@ -513,7 +513,8 @@ async def props(request: HttpRequest):
     return {"default_generation_settings": {"n_ctx": engine.verifier.n_ctx,
                                             "params": generation_settings(defaults)},
             "total_slots": 1, "model_alias": config.model_id,
-            # the file's name, never this machine's path (README "Server")
+            # the file's name, never this machine's path (docs/server.md "Endpoints and
+            # fields against llama-server")
             "model_path": os.path.basename(str(config.verifier)),
             "modalities": {"vision": False, "audio": False, "video": False},
             "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": True,

@@ -62,7 +62,7 @@ Speculative = create_model(
     "Speculative",
     __config__=ConfigDict(extra="forbid", strict=True),
     __doc__="Speculation for one request: any request option of the speculation rule, each left "
-            "out keeping the server's default (README \"Server\").",
+            "out keeping the server's default (docs/server.md \"Requests\").",
     **{o.name: (_annotation(o), Field(default=None, json_schema_extra=field_schema(o)))
        for o in SPECULATION},
 )

@@ -8,7 +8,7 @@ The prompt, the calling conventions, the parser and the grammar are cactus_gguf/
 this module validates the request, prepares the engine request (the prompt rendered with the
 GGUF's template and its tools, the calls' grammar unless ``tool_choice`` is ``none``) and shapes
 the reply. Speculation stays on: the grammar constrains the draft, the acceptance test and the
-residual alike (README "Structured output").
+residual alike (docs/server.md "Structured output").
 """
 from __future__ import annotations
 

@@ -153,7 +153,8 @@ class Engine:
     Raises:
         ModelLoadError (a file llama.cpp cannot load; ``load_mtp`` with a verifier without
             next-n layers), VocabMismatchError (a draft that shares no
-            text token with the verifier; other vocabularies are served: README "Foreign drafts"),
+            text token with the verifier; other vocabularies are served:
+            docs/models.md "Foreign drafts"),
         KvCacheTooLargeError, InputError (bad options). Nothing stays loaded after an error.
     """
 

@@ -1,4 +1,4 @@
-"""Drafts from a model whose vocabulary is not the verifier's (README "Foreign drafts").
+"""Drafts from a model whose vocabulary is not the verifier's (docs/models.md "Foreign drafts").
 
 Three ways a draft's tokens reach the verifier, chosen per request (``draft_vocab``):
 
@@ -43,8 +43,8 @@ from .vocab_map import _BYTE, _CONTROL, _TEXT_TYPES, VocabInfo, VocabMap, piece_
 
 __all__ = ["PairVocab", "Spelling", "Translator", "ForeignDrafter", "FOREIGN_AUTO"]
 
-# What ``draft_vocab auto`` uses for a pair with different tokenizers (README "Foreign drafts":
-# the measured comparison of the two methods)
+# What ``draft_vocab auto`` uses for a pair with different tokenizers (docs/models.md
+# "Foreign drafts": the measured comparison of the two methods)
 FOREIGN_AUTO = "intersect"
 # a seed offset for the draft's own random stream (the verifier's sampler keeps the request seed)
 _DRAFT_SEED_OFFSET = 0x9E3779B9
