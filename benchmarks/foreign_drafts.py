@@ -34,7 +34,8 @@ CONFIGS = (("none", "same", "none", "auto"), ("same sps", "same", "sps", "auto")
            ("same cactus", "same", "cactus", "auto"), ("intersect sps", "foreign", "sps", "intersect"),
            ("intersect cactus", "foreign", "cactus", "intersect"),
            ("text sps", "foreign", "sps", "text"), ("text cactus", "foreign", "cactus", "text"))
-# the default pair's measured rule (README "Per answer"), for the cactus rows
+# the default pair's measured rule (docs/benchmarks.md "Which rule is the default"), for the
+# cactus rows
 CACTUS = {"delta": 1.0, "protect_ends": 0.1, "top_gap": 0.5}
 PROSE = Path(__file__).resolve().parent / "prompts" / "chat-questions.jsonl"
 

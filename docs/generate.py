@@ -5,8 +5,8 @@ Two kinds of block, each between ``<!-- NAME ... -->`` and ``<!-- /NAME -->`` ma
 
 - docs/options.md: ``options:run``, ``options:bench``, ``options:serve``, the flag tables that
   ``python -m cactus_gguf.options COMMAND`` prints from the one options table;
-- docs/layout.md: ``layout``, one row per source file, the first sentence of its module docstring
-  (Python) or of its opening comment (C: the text after ``name.c -``).
+- docs/layout.md: ``layout``, one row per source file git tracks, the first sentence of its module
+  docstring (Python) or of its opening comment (C: the text after ``name.c -``).
 
 tests/test_options.py and tests/test_docs.py check that each block is what this script writes.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -69,18 +70,29 @@ def c_summary(path: Path) -> str:
     return first_sentence(text)
 
 
+def _files(folder: str) -> list[Path]:
+    """The source files of ``folder`` that git tracks (all of them outside a git checkout):
+    Python files, recursively (benchmarks/: its own only), or C sources and headers (native/)."""
+    base = ROOT / folder
+    if folder == "native":
+        found = [*base.glob("*.c"), *base.glob("*.h")]
+    else:
+        found = [p for p in (base.glob("*.py") if folder == "benchmarks" else base.rglob("*.py"))
+                 if "__pycache__" not in p.parts]
+    try:
+        listed = subprocess.run(["git", "ls-files", "--", folder], cwd=ROOT, capture_output=True,
+                                text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return sorted(found)
+    tracked = {ROOT / p for p in listed}
+    return sorted(p for p in found if p in tracked) if tracked else sorted(found)
+
+
 def layout_table() -> str:
     rows = ["| path | what it is (from its docstring) |", "|---|---|"]
     for folder, what in LAYOUT_GROUPS:
         rows.append(f"| **`{folder}/`** | {what} |")
-        base = ROOT / folder
-        files = sorted(base.rglob("*.py")) if folder != "native" else sorted(
-            [*base.glob("*.c"), *base.glob("*.h")])
-        if folder == "benchmarks":
-            files = sorted(base.glob("*.py"))
-        for f in files:
-            if "__pycache__" in f.parts:
-                continue
+        for f in _files(folder):
             summary = c_summary(f) if f.suffix in (".c", ".h") else python_summary(f)
             rows.append(f"| `{f.relative_to(ROOT).as_posix()}` | {summary} |")
     return "\n".join(rows) + "\n"

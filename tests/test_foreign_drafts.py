@@ -1,4 +1,5 @@
-"""Drafts whose vocabulary is not the verifier's (speculative/foreign.py, README "Foreign drafts").
+"""Drafts whose vocabulary is not the verifier's (speculative/foreign.py, docs/models.md
+"Foreign drafts").
 
 Tiny GGUFs with constructed vocabularies: the verifier's (tests/support/tiny_gguf.py WORDS); a
 *near-compatible* draft (the same text tokens, an extra control token that moves every id up by
@@ -257,8 +258,8 @@ def test_cli_serves_a_foreign_pair_and_names_what_differs_under_same(models):
 
 def test_real_foreign_draft_greedy_equals_the_verifier_alone(qwen_pair, smollm_path):
     """Both methods, SpS and Cactus, on the quantized pair: the verifier's own greedy tokens
-    (this prompt has no near-tie within the batch shapes' rounding: README "Greedy
-    equivalence"), with drafts accepted."""
+    (this prompt has no near-tie within the batch shapes' rounding: docs/behaviour.md
+    "Greedy equivalence"), with drafts accepted."""
     from cactus_gguf import Engine, LoadOptions, Request
 
     greedy = Request(k=4, temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, n_predict=64)

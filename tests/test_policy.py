@@ -295,7 +295,7 @@ def test_auto_drafts_when_it_pays_and_greedy_stays_exact(tiny_engine):
     assert r.stats.n_drafted > 0
     assert r.tokens == base.tokens
     # (sampled output under auto depends on measured times through the draft lengths chosen, so
-    # the same seed gives the same tokens only for a fixed k: README says so)
+    # the same seed gives the same tokens only for a fixed k: docs/run.md "Draft length" says so)
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "hybrid"])

@@ -210,8 +210,8 @@ def test_shipped_registry():
     pair = reg.default_pair
     assert (pair.verifier, pair.draft) == ("qwen2.5-coder-1.5b-instruct-q4_k_m",
                                            "qwen2.5-coder-0.5b-instruct-q4_k_m")
-    # the paper's sampling (no min-p); the rule is the options' own default (README "Which rule
-    # is the default"), so the pair names none
+    # the paper's sampling (no min-p); the rule is the options' own default
+    # (docs/benchmarks.md "Which rule is the default"), so the pair names none
     assert pair.settings == {"k": "auto", "delta": 1.0,
                              "temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0.0}
     v = reg.models[pair.verifier]

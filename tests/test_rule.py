@@ -54,7 +54,7 @@ def test_each_setting_is_reported_where_it_applies_and_null_elsewhere():
 
 
 def test_the_summary_names_the_acceptance_rule_and_its_settings():
-    # the default rule (README "Which rule is the default"), then the paper's
+    # the default rule (docs/benchmarks.md "Which rule is the default"), then the paper's
     assert rule_words(options.Request()) == ("method cactus delta=1 solver=taylor budget=target "
                                              "top_gap=0.5 protect_ends=0.1 top_gap_scope=code")
     paper = options.Request(top_gap=float("inf"), protect_ends="off")

@@ -445,8 +445,9 @@ FOREIGN_WORDS = ["▁", "▁the", "▁a", "▁cats", "▁dog", "▁sat", "▁on"
 
 
 def test_a_foreign_draft_is_reported_and_errors_name_no_server_file(files, tmp_path):
-    """Responses and /metrics carry draft_vocab and vocab_coverage (README "Foreign drafts"); the
-    400 for draft_vocab same on a foreign pair names the models without this machine's paths."""
+    """Responses and /metrics carry draft_vocab and vocab_coverage (docs/models.md "Foreign
+    drafts"); the 400 for draft_vocab same on a foreign pair names the models without this
+    machine's paths."""
     (tmp_path / "secret-dir").mkdir()
     foreign = write_llama(tmp_path / "secret-dir" / "foreign-draft.gguf", seed=5,
                           words=FOREIGN_WORDS, chat_template=CHAT_TEMPLATE)

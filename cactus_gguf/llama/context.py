@@ -11,8 +11,8 @@ back to (a prefix of) its state before the call.
 Rollback (:meth:`Context.truncate`, :meth:`Context.forget`) is exact for every model. A KV-only model
 cuts its cache (``llama_memory_seq_rm``). A model with a recurrent state (pure or hybrid: Mamba-2,
 gated delta-net, short convolutions beside attention) cannot cut that state at an arbitrary
-position; the context keeps it exact with the two means llama.cpp offers (README "Hybrid models";
-measured by benchmarks/recurrent_rollback.py):
+position; the context keeps it exact with the two means llama.cpp offers (docs/models.md
+"Hybrid models"; measured by benchmarks/recurrent_rollback.py):
 
 - **the snapshot window**: with ``n_rs_seq`` = R, a decode keeps the recurrent state after each
   of the last R tokens of its batch, and ``llama_memory_seq_rm`` dropping d of them

@@ -292,7 +292,7 @@ def check_tensor_split(tensor_split: str | None, n_gpu_layers: int, device: str 
             raise InputError("{tensor_split} splits the verifier's offloaded layers between "
                              "devices, and this llama.cpp build has none to offload to (CPU only, "
                              "no {rpc}; {list_devices} shows them): drop {tensor_split}, or "
-                             "install a GPU build (README \"Install for your hardware\")",
+                             "install a GPU build (docs/hardware.md \"Install for your hardware\")",
                              param="tensor_split", options=("rpc", "list_devices"))
 
 

@@ -5,7 +5,7 @@ context-free grammar over a tokenizer's byte strings, and rollback). It was chos
 the Qwen2 vocabulary (V = 151,936), against llama.cpp's own grammar sampler through
 llama-cpp-python: 0.05 ms per mask (median) against 36 ms, rollback and copy ~0.02 ms, JSON schema
 bounds (``minimum``...) kept where llama-cpp-python's schema converter drops them. xgrammar needs
-torch. See README "Structured output".
+torch. See docs/server.md "Structured output".
 
 How a constrained step uses it (speculative/step.py), for committed tokens t_0 .. t_{L-1}:
 

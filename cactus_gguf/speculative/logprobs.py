@@ -15,8 +15,8 @@ What the numbers are, under any acceptance rule:
 - ``post_sampling_probs`` (default): ``log q_i[x]``, ``q_i`` the verifier's law at row ``i`` after the
   request's warps (top-k, top-p, min-p, temperature) and its grammar's mask: the law the verifier
   samples from, ``native.warp_into``. Every emitted token has ``q_i[x] > 0`` whatever the rule
-  (README "Sampling math"), so its log-probability is finite; the alternatives are the most
-  likely tokens of ``q_i`` with ``q_i > 0``: fewer than asked when the warps keep fewer.
+  (docs/behaviour.md "Sampling math"), so its log-probability is finite; the alternatives are the
+  most likely tokens of ``q_i`` with ``q_i > 0``: fewer than asked when the warps keep fewer.
 - otherwise: the raw log-softmax of row ``i`` (no warp, no grammar), llama-server's default; its
   alternatives are the highest logits (a ``-inf`` logit is never one).
 
@@ -97,8 +97,9 @@ class LogprobReader:
             q = self._q
             self.sampler.warp_into(row, q, allowed=allowed)
             ids = top_ids(q, self.n_probs, 0.0)  # only tokens q keeps (q > 0)
-            # q[token] > 0 for every emitted token (README "Sampling math"); log(0) = -inf would
-            # mean a bug, and the server writes it as llama-server writes a zero probability
+            # q[token] > 0 for every emitted token (docs/behaviour.md "Sampling math"); log(0) =
+            # -inf would mean a bug, and the server writes it as llama-server writes a zero
+            # probability
             with np.errstate(divide="ignore"):
                 logp = np.log(q[np.append(ids, token)].astype(np.float64))
         else:

@@ -1,8 +1,8 @@
 """Where Cactus's top gap applies (``--top-gap-scope code``): in code, not in a chat answer's prose.
 
 The top gap (``--top-gap G``) keeps code answers the verifier's: a draft far below the verifier's
-top token is accepted as SpS would (README "Which rule is the default": without it the answers
-drift toward the draft's style, longer, with test sections). In a chat answer's prose that
+top token is accepted as SpS would (docs/benchmarks.md "Which rule is the default": without it
+the answers drift toward the draft's style, longer, with test sections). In a chat answer's prose that
 caution costs most of Cactus's gain and buys no quality that was measured, so there every draft
 may be relaxed, as in the paper's rule; the protected ends apply everywhere.
 

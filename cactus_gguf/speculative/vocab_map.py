@@ -1,7 +1,7 @@
 """A map between two GGUFs' vocabularies, from their token strings alone (no model loaded).
 
 Which draft token is which verifier token, the first step of speculating with a draft whose
-tokenizer is not the verifier's (README "Foreign drafts"). Built once per pair from the GGUF
+tokenizer is not the verifier's (docs/models.md "Foreign drafts"). Built once per pair from the GGUF
 metadata (``tokenizer.ggml.tokens`` / ``token_type`` / ``merges`` and the special-token ids) and
 cached under ``~/.cache/cactus-gguf/vocab-maps``.
 
@@ -307,7 +307,7 @@ _METHOD_TEXT = {
            "translated (`--draft-vocab auto` uses map)",
     "intersect": "intersect: different tokenizers; `--draft-vocab auto` drafts only the shared "
                  "tokens (intersect), `--draft-vocab text` re-tokenises the draft's text instead "
-                 "(README \"Foreign drafts\")",
+                 "(docs/models.md \"Foreign drafts\")",
 }
 
 
