@@ -179,3 +179,19 @@ def test_serve_with_the_mtp_drafter(models):
         out = [c.completions.create(model="x", prompt=PROMPT, max_tokens=16, temperature=0)
                for _ in range(2)]
     assert out[0].choices[0].text == out[1].choices[0].text != ""
+
+
+def test_a_one_shot_run_reuses_nothing(models):
+    """Issue 52 item 8: the head's count of the prompt tokens it decoded was zeroed after the
+    verifier's prefill (which the head follows), so a fresh engine reported the whole prompt but
+    its last token as reused from the draft's cache."""
+    with make_engine(models["mimic"], None, temp=0.0, k=4, drafter="mtp") as eng:
+        first = eng.generate(PROMPT, n_predict=8, seed=0).stats
+        caught = eng.mtp.n_caught_up
+    assert (first.n_prompt_tokens_reused, first.n_draft_prompt_tokens_reused) == (0, 0)
+    assert caught > first.n_prompt_tokens - 1  # the prompt (this prefill) and the steps
+
+
+def test_run_json_reports_no_draft_reuse_for_a_one_shot_run(models):
+    out = _run_json(models["mimic"], "--drafter", "mtp", "-k", "4")
+    assert out["n_prompt_tokens_reused"] == out["n_draft_prompt_tokens_reused"] == 0

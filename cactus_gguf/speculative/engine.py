@@ -538,6 +538,8 @@ class Engine:
                 if session.should_stop is not None:
                     abort = interruptible.enter_context(abortable((self.verifier, self.draft),
                                                                   stop))
+                if self.mtp is not None:  # the head's decodes of this prompt: its reuse (mtp.py)
+                    self.mtp.n_caught_up = 0
                 session.stats.n_prompt_tokens_reused = self.verifier.sync(prompt[:-1],
                                                                           reuse=reuse)
                 if session.drafter is not None and not stop():

@@ -55,7 +55,8 @@ class MtpHead:
         self.h_last: np.ndarray | None = None
         self._rows = np.zeros((0, self.E), np.float32)  # the last verifier decode's h rows ..
         self._rows_at = 0  # .. at positions _rows_at ..
-        self.n_caught_up = 0  # tokens the head decoded after the verifier (statistics)
+        self.n_caught_up = 0  # tokens the head decoded after the verifier (the engine zeroes it
+        # when a prompt's processing begins: what a drafter's reset reports as reused)
         ver.on_decode = self._observe
 
     def close(self) -> None:
@@ -133,10 +134,11 @@ class MtpDrafter(SamplingDrafter):
 
     def reset(self, prompt: Sequence[int], *, reuse: bool, lazy: bool = False) -> int | None:
         """After the verifier holds the prompt but its last token: the head follows it (the
-        tokens it did not decode again are returned)."""
+        tokens it did not decode again are returned: those it held before this prompt was
+        processed; ``n_caught_up`` counts the head's decodes since the engine's prefill began,
+        engine.py)."""
         if len(prompt) + 1 > self.mtp.head.n_ctx:
             return None
-        self.mtp.n_caught_up = 0
         redone = self.mtp.resync()
         return max(0, len(prompt) - 1 - max(redone, self.mtp.n_caught_up))
 
