@@ -25,12 +25,21 @@ _terminated = threading.Event()  # a SIGTERM arrived: exit 143, not 130
 _interrupt_pending = threading.Event()  # a Ctrl-C / SIGTERM landed inside llama.cpp's decode
 
 
+# Libraries whose DEBUG / INFO lines are not cactus-gguf's decisions: kept to their warnings under -v
+# (filelock: an acquire and a release line per cache lock; asyncio: the server's event loop's
+# selector; the HTTP stacks: each connection)
+QUIET_LIBRARIES = ("filelock", "asyncio", "sse_starlette", "urllib3", "httpx", "httpcore")
+
+
 def configure_logging(verbose: int) -> None:
-    """``-v`` (1): cactus-gguf's decision log (its module loggers, DEBUG) on stderr; ``-vv`` (2 or
-    more): llama.cpp's log too (the ``cactus_gguf.llama_cpp`` logger, llama/log.py)."""
+    """``-v`` (1): cactus-gguf's decision log (its module loggers, DEBUG) on stderr, other
+    libraries' warnings only (``QUIET_LIBRARIES``); ``-vv`` (2 or more): llama.cpp's log too (the
+    ``cactus_gguf.llama_cpp`` logger, llama/log.py)."""
     if verbose <= 0:
         return
     logging.basicConfig(level=logging.DEBUG, format="%(message)s")
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("cactus_gguf.llama_cpp").setLevel(
         logging.DEBUG if verbose >= 2 else logging.CRITICAL + 1)
 
