@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import InputError
-from .options import (BY_NAME, DRAFT_MODEL_OPTIONS, MODEL_DRAFTERS, SELF_DRAFTERS, LoadOptions,
-                      Request, check_value, options_in, validate_pairing)
+from .options import (BY_NAME, MODEL_DRAFTERS, SELF_DRAFTERS, LoadOptions, Request,
+                      check_speculation, check_value, options_in, validate_pairing)
 from .options.rule import rule_of
 from .stats import GenerationResult
 
@@ -184,16 +184,10 @@ def _plan(given: Mapping[str, Any], command: str) -> tuple[RunPlan, dict[str, An
         raise InputError(f"method {request.method} needs a DRAFT model; give one, or use "
                          "{drafter} ngram or {method} none", param="model_draft",
                          options=("drafter", "method"))
-    if request.drafter in SELF_DRAFTERS:
-        if given.get("model_draft") is not None:
-            raise InputError(f"the {request.drafter} drafter uses no draft model: drop DRAFT, "
-                             "or use {drafter} model", param="drafter")
-        unused = next((n for n in DRAFT_MODEL_OPTIONS
-                       if n in given and given[n] != BY_NAME[n].default), None)
-        if unused is not None:  # nothing would read it: say so rather than ignore it
-            raise InputError(f"{{{unused}}} applies to a draft model, and the {request.drafter} "
-                             f"drafter uses none: drop {{{unused}}}, or use {{drafter}} model",
-                             param=unused, options=("drafter",))
+    if request.drafter in SELF_DRAFTERS and given.get("model_draft") is not None:
+        raise InputError(f"the {request.drafter} drafter uses no draft model: drop DRAFT, "
+                         "or use {drafter} model", param="drafter")
+    check_speculation(request, given)  # as the server checks a request (options/speculation.py)
     check_tensor_split(load)
     plan = RunPlan(verifier_spec=verifier, draft_spec=draft if uses_draft else None,
                    pair_name=pair.name if pair is not None else None, load=load, request=request,

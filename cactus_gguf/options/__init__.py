@@ -16,7 +16,9 @@ Scopes: ``load`` (an engine's models and contexts), ``request`` (one generation:
 rule, draft length, drafter, n_predict, stop strings, seed) and ``run`` (what only the ``run`` command
 has: which models, the prompt, output format).
 
-The table lives in table.py, the records in records.py; this package re-exports both. It
+The table lives in table.py, the records in records.py, the one check of a request's speculation
+options that needs what the caller set and what the engine loaded in speculation.py (the CLI, the
+server and the engine all call it); this package re-exports them. It
 imports only errors.py and values.py at import time, so every layer may use it (a request's
 grammar is compiled through sampling/constraints.py, imported when one is given).
 """
@@ -28,9 +30,11 @@ from .table import (BUDGETS, BY_NAME, DRAFT_MODEL_OPTIONS, DRAFT_VOCABS, DRAFTER
                     MODEL_DRAFTERS, OPTIONS, SELF_DRAFTERS, SOLVERS, Option, Range, check_value,
                     default, markdown_table, normalize_json_schema, options_in, parse_endpoints,
                     parse_tensor_split)
+from .speculation import check_speculation, runnable_drafters
 
 __all__ = ["Option", "OPTIONS", "LoadOptions", "Request", "options_in", "default", "check_value",
            "validate_pairing", "markdown_table", "constraint_of", "normalize_json_schema",
            "CONSTRAINTS", "parse_endpoints", "parse_tensor_split", "METHODS", "SOLVERS", "BUDGETS",
            "DRAFTERS", "DRAFT_VOCABS", "MODEL_DRAFTERS", "SELF_DRAFTERS", "DRAFT_MODEL_OPTIONS",
-           "opt", "option_of", "check_fields", "BY_NAME", "Range"]
+           "opt", "option_of", "check_fields", "BY_NAME", "Range", "check_speculation",
+           "runnable_drafters"]

@@ -35,6 +35,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InputError
+from ..options.speculation import check_speculation
 from .logprobs import request_fields as logprob_fields
 from .speculative import SPECULATIVE_FIELDS, Speculative
 
@@ -283,12 +284,17 @@ def overrides(body: _Common) -> dict[str, Any]:
 
 def to_request(base, body: _Common):
     """``base`` (the server's default Request) with the body's fields; InputError naming the
-    OpenAI field for a value the options schema refuses."""
+    OpenAI field for a value the options schema refuses, or for a combination ``cactus-gguf run``
+    refuses (options/speculation.py: the one check both make, ``given`` = the fields the body
+    sets; the server's own defaults were checked when it started)."""
     refused = unsupported(body)
     if refused:
         raise InputError(refused[1], param=refused[0])
     try:
-        return base.replace(**overrides(body))
+        changes = overrides(body)
+        request = base.replace(**changes)
+        check_speculation(request, given=changes)
+        return request
     except InputError as e:  # named as the client wrote it: max_tokens, speculative.k ...
         raise InputError(e.render(lambda n: openai_param(n, body)),
                          param=openai_param(e.param, body)) from None

@@ -36,8 +36,9 @@ from ..errors import ContextLengthError, EngineBusyError, InputError
 from ..llama import Context, ContextOptions
 from ..llama.abort import abortable
 from ..llama.context import DecodeCancelled, DecodeError
-from ..options import LoadOptions, Request, constraint_of, validate_pairing
-from ..options.rule import rule_words
+from ..options import (BY_NAME, LoadOptions, Request, check_speculation, constraint_of,
+                       runnable_drafters, validate_pairing)
+from ..options.rule import applies, rule_words
 from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampling_params
 from ..sampling.native import pack_allowed
 from ..sampling.constraints import Constraint, tokenizer_for
@@ -258,6 +259,12 @@ class Engine:
                            eos=m.token_text(m.eos).decode("utf-8", "replace"),
                            bos=m.token_text(m.bos).decode("utf-8", "replace"))
 
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        """The drafters a request may name here: ``ngram``; ``model`` and ``hybrid`` with a draft
+        model; ``mtp`` with the verifier's MTP head (options/speculation.py)."""
+        return runnable_drafters(draft_model=self.draft is not None, mtp=self.mtp is not None)
+
     # -- generation --------------------------------------------------------------------------------
 
     def request(self, request: Request | None = None, **overrides) -> Request:
@@ -338,6 +345,7 @@ class Engine:
         """Check the prompt and the request against this engine; a Session ready to prefill."""
         ver = self._live()
         validate_pairing(self.load_options, req)
+        check_speculation(req, drafters=self.drafters)  # a drafter these models run
         if isinstance(prompt, str):
             tokens = self.tokenize(prompt)
         elif isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
@@ -370,17 +378,9 @@ class Engine:
         if acceptance is not None:
             if req.drafter == "ngram":
                 drafter = NgramDrafter(req.ngram_max, req.ngram_min)
-            elif req.drafter == "mtp":
-                if self.mtp is None:
-                    raise InputError("{drafter} mtp needs the verifier's next-n (MTP) layers, "
-                                     "loaded when the engine starts: load it with {drafter} mtp "
-                                     "(the server: serve ... --drafter mtp)", param="drafter")
+            elif req.drafter == "mtp":  # (check_speculation: the head is loaded)
                 drafter = MtpDrafter(self.mtp, ver.n_vocab)
-            elif self.draft is None:
-                raise InputError(f"{{method}} {req.method} with {{drafter}} model needs a draft "
-                                 "model, and this engine has none: load one, or use drafter "
-                                 "ngram or method none", param="method", options=("drafter",))
-            else:
+            else:  # model or hybrid (check_speculation: a draft model is loaded)
                 drafter = self._model_drafter(req, seed)
                 if req.drafter == "hybrid":
                     drafter = HybridDrafter(drafter, req.ngram_max)
@@ -393,7 +393,10 @@ class Engine:
                                 draft_temp=req.draft_temp)
         session = Session(tokens, req, seed, sampler, drafter, self._policy(req, drafter),
                           n_ctx=ver.n_ctx, constraint=self._constraint(req), should_stop=cancel)
-        session.stats.draft_vocab = drafter.vocab_method if drafter is not None else None
+        # how a draft model's tokens reached the verifier: None where draft_vocab does not apply
+        # (no draft model: ngram, mtp), as every answer reports it (options/rule.py)
+        session.stats.draft_vocab = (drafter.vocab_method if drafter is not None
+                                     and applies(BY_NAME["draft_vocab"], req) else None)
         if self._scoped_gap(req, acceptance, tokens):  # the top gap in code only (scope.py)
             session.scope = CodeScope(acceptance)
         if log.isEnabledFor(logging.DEBUG):
