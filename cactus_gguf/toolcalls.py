@@ -37,6 +37,7 @@ from typing import Any, Sequence
 from .errors import InputError
 from .sampling.constraints import _JSON_OPTIONS as JSON_OPTIONS
 from .sampling.constraints import json_matches
+from .text import StopMatcher
 
 __all__ = ["ToolFormat", "tool_format", "render_with_tools", "tool_grammar", "ToolCallParser",
            "ToolCall", "template_reads_tools"]
@@ -139,11 +140,79 @@ def _for_template(message: dict) -> dict:
 # The grammar
 # -------------------------------------------------------------------------------------------------
 
-def _call_schema(fmt: ToolFormat, tool: dict) -> dict:
+NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def arguments_schema(function: dict) -> dict:
+    """The JSON schema a call's arguments follow, from an OpenAI function: its ``parameters``,
+    which describe an object (a schema without ``type`` is taken as one: ``{}`` is any object);
+    no ``parameters``: the function takes no arguments (``{}`` only, as OpenAI's)."""
+    params = function.get("parameters")
+    if params is None:
+        return NO_ARGUMENTS
+    return params if "type" in params else {**params, "type": "object"}
+
+
+# keywords whose values are data, not schemas: a "$ref" key inside them is no reference
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+# keywords whose values map names to schemas (a property named "const" is a schema)
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                          "dependentSchemas"})
+
+
+def _local_ref(ref: str, name: str) -> str:
+    """A ``$ref`` of tool ``name``'s arguments schema, rewritten for the call schema, where that
+    schema is ``#/$defs/<name>`` and its own ``$defs`` / ``definitions`` entry N is
+    ``#/$defs/<name>.$defs.N`` / ``#/$defs/<name>.definitions.N``. Refs that are not JSON
+    pointers into the document stay as they are (the grammar engine judges them)."""
+    if ref == "#":
+        return f"#/$defs/{name}"
+    if not ref.startswith("#/"):
+        return ref
+    parts = ref[2:].split("/")
+    if parts[0] in ("$defs", "definitions") and len(parts) > 1:
+        return "/".join([f"#/$defs/{name}.{parts[0]}.{parts[1]}", *parts[2:]])
+    return f"#/$defs/{name}/{ref[2:]}"
+
+
+def _rewrite_refs(node: Any, name: str) -> Any:
+    if isinstance(node, list):
+        return [_rewrite_refs(x, name) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "$ref" and isinstance(value, str):
+            out[key] = _local_ref(value, name)
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {k: _rewrite_refs(v, name) for k, v in value.items()}
+        else:
+            out[key] = _rewrite_refs(value, name)
+    return out
+
+
+def _hoisted(name: str, schema: dict, defs: dict) -> dict:
+    """Tool ``name``'s arguments schema as it sits inside the call schema. A schema with
+    ``$defs`` / ``definitions`` or a local ``$ref`` (pydantic's sub-models, recursive schemas)
+    refers to its own root, which is no longer the document's: it moves into ``defs`` (the call
+    schema's root ``$defs``) with its definitions beside it and every local ``$ref`` rewritten,
+    and a ``$ref`` to it takes its place. Any other schema stays inline, unchanged."""
+    own = {key: schema[key] for key in ("$defs", "definitions") if isinstance(schema.get(key), dict)}
+    rewritten = _rewrite_refs(schema, name)
+    if not own and rewritten == schema:
+        return schema
+    defs[name] = {k: v for k, v in rewritten.items() if k not in own}
+    for key, entries in own.items():
+        for entry, sub in entries.items():
+            defs[f"{name}.{key}.{entry}"] = _rewrite_refs(sub, name)
+    return {"$ref": f"#/$defs/{name}"}
+
+
+def _call_schema(fmt: ToolFormat, tool: dict, defs: dict) -> dict:
     fn = tool["function"]
-    params = fn.get("parameters")
-    if params is None or params == {}:
-        params = {"type": "object"}
+    params = _hoisted(fn["name"], arguments_schema(fn), defs)
     return {"type": "object", "properties": {"name": {"const": fn["name"]},
                                              fmt.arguments_key: params},
             "required": ["name", fmt.arguments_key], "additionalProperties": False}
@@ -157,8 +226,11 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[dict], choice: str | dict,
     OpenAI tool objects."""
     named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     chosen = [t for t in tools if named is None or t["function"]["name"] == named]
-    schema = chosen[0] if len(chosen) == 1 else None
-    one = _call_schema(fmt, schema) if schema else {"anyOf": [_call_schema(fmt, t) for t in chosen]}
+    defs: dict = {}  # the arguments schemas that refer to their own root (_hoisted)
+    one = _call_schema(fmt, chosen[0], defs) if len(chosen) == 1 else {
+        "anyOf": [_call_schema(fmt, t, defs) for t in chosen]}
+    if defs:
+        one["$defs"] = defs
     # whitespace between JSON tokens and unimplemented keywords as for --json-schema
     one["x-guidance"] = JSON_OPTIONS
     body = "%json " + json.dumps(one, ensure_ascii=False)
@@ -237,24 +309,38 @@ class ToolCallParser:
     the ``tools`` and its arguments validate against that tool's parameters (the grammar engine's
     JSON Schema, as the constrained shapes): anything else stays text, so every call returned
     validates. Text that might begin a call is held back until it does or cannot (a partial tag
-    or fence; a reply that opens with ``{``)."""
+    or fence; a reply that opens with ``{``).
 
-    def __init__(self, fmt: ToolFormat, tools: Sequence[dict]) -> None:
+    ``stops``: stop strings, matched in the content only (never inside a call's markup or
+    arguments, which the grammar constrains): the first one ends the reply there, ``stopped``
+    turns true, and later text is ignored. ``finish(cut=True)``: the reply was cut short
+    (max_tokens, a time limit), so a call it ends inside is half a call: dropped, neither a call
+    nor content."""
+
+    def __init__(self, fmt: ToolFormat, tools: Sequence[dict], stops: Sequence[str] = ()) -> None:
         self.fmt = fmt
-        self.schemas = {t["function"]["name"]: t["function"].get("parameters") or {}
-                        for t in tools}
+        self.schemas = {t["function"]["name"]: arguments_schema(t["function"]) for t in tools}
         self.buffer = ""  # text not handed out yet
         self.calls: list[ToolCall] = []
         self._started = False  # non-blank text came before: a bare object is no call any more
         self._last = "start"  # what the reply last held: "start", "text" or "call" (blanks
         # between calls, or around them at the reply's ends, are no content)
+        self._stop_strings = tuple(s for s in stops if s)
+        self._stops = StopMatcher(self._stop_strings)  # the content since the last call
+        self.stopped = False  # a stop string ended the content
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+        if self.stopped:
+            return "", []
         self.buffer += text
         return self._hermes(final=False) if self.fmt.kind == HERMES else self._llama3(final=False)
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        return self._hermes(final=True) if self.fmt.kind == HERMES else self._llama3(final=True)
+    def finish(self, cut: bool = False) -> tuple[str, list[ToolCall]]:
+        if self.stopped:
+            return "", []
+        content, calls = (self._hermes(final=True, cut=cut) if self.fmt.kind == HERMES
+                          else self._llama3(final=True, cut=cut))
+        return (content if self.stopped else content + self._stops.finish()), calls
 
     def _accept(self, obj: Any) -> ToolCall | None:
         """A parsed JSON value as a call, or None when it is not a valid call of a tool."""
@@ -279,9 +365,10 @@ class ToolCallParser:
             found.append((head, "bare"))
         return min(found) if found else (-1, "")
 
-    def _block(self, buf: str, start: int, kind: str, final: bool):
+    def _block(self, buf: str, start: int, kind: str, final: bool, cut: bool = False):
         """The block at ``start``: ("wait",) while it may still become a call, ("text", end)
-        when it is not one, ("call", end, obj) when it holds a JSON object."""
+        when it is not one, ("call", end, obj) when it holds a JSON object, ("cut",) when the
+        reply was cut short inside the call a tag opened."""
         i = start + {"tag": len(OPEN), "fence": len(FENCE), "bare": 0}[kind]
         i = _skip_space(buf, i)
         if kind == "fence" and i < len(buf) and buf[i] != "{":
@@ -289,6 +376,8 @@ class ToolCallParser:
         try:
             obj, end = _DECODER.raw_decode(buf, i)
         except json.JSONDecodeError:
+            if final and cut and kind == "tag":
+                return ("cut",)
             return ("text", len(buf)) if final else ("wait",)
         closing = {"tag": CLOSE, "fence": FENCE_END, "bare": ""}[kind]
         j = _skip_space(buf, end)
@@ -299,14 +388,16 @@ class ToolCallParser:
             return ("call", len(buf), obj) if final else ("wait",)
         return ("call", end, obj) if kind == "tag" else ("text", end)
 
-    def _hermes(self, final: bool) -> tuple[str, list[ToolCall]]:
+    def _hermes(self, final: bool, cut: bool = False) -> tuple[str, list[ToolCall]]:
         content, calls = [], []
-        while True:
+        while not self.stopped:
             buf = self.buffer
             start, kind = self._next(buf)
             if start < 0:
                 keep = 0 if final else max(_partial_tail(buf, OPEN), _partial_tail(buf, FENCE))
                 text = buf[:len(buf) - keep]
+                if final and cut:  # a reply cut inside its opening tag: no markup in the content
+                    text = text[:len(text) - _partial_tail(text, OPEN)]
                 if not final:  # blanks wait: they may only separate calls
                     keep += len(text) - len(text.rstrip())
                     text = text.rstrip()
@@ -315,10 +406,10 @@ class ToolCallParser:
                 content.append(self._text(text))
                 self.buffer = buf[len(buf) - keep:]
                 break
-            block = self._block(buf, start, kind, final)
-            if block[0] == "wait":
+            block = self._block(buf, start, kind, final, cut)
+            if block[0] in ("wait", "cut"):
                 content.append(self._text(buf[:start].rstrip()))
-                self.buffer = buf[len(buf[:start].rstrip()):]
+                self.buffer = "" if block[0] == "cut" else buf[len(buf[:start].rstrip()):]
                 break
             call = self._accept(block[2]) if block[0] == "call" else None
             if call is None:
@@ -326,23 +417,43 @@ class ToolCallParser:
             else:
                 if buf[:start].strip() or self._last == "text":
                     content.append(self._text(buf[:start]))  # blanks between text and a call
+                    if self.stopped:  # the text before the call ended the reply
+                        break
+                content.append(self._end_text())
                 self.calls.append(call)
                 calls.append(call)
                 self._last = "call"
             self.buffer = buf[block[1]:]
             self._started = True
+        if self.stopped:
+            self.buffer = ""
         return "".join(content), calls
 
     def _text(self, text: str) -> str:
-        """Content released: after it, a bare object is no call; blanks alone change nothing."""
+        """Content released: after it, a bare object is no call; blanks alone change nothing.
+        The stop strings see it first: what a stop string may still begin is held back, and a
+        match ends the reply (``stopped``)."""
         if text.strip():
             self._started, self._last = True, "text"
-        return text
+        out = self._stops.feed(text)
+        if self._stops.hit:
+            self.stopped = True
+        return out
 
-    def _llama3(self, final: bool) -> tuple[str, list[ToolCall]]:
+    def _end_text(self) -> str:
+        """A call follows the content: the text held for a stop string is final (a stop string
+        never spans a call)."""
+        out = self._stops.finish()
+        self._stops = StopMatcher(self._stop_strings)
+        return out
+
+    def _llama3(self, final: bool, cut: bool = False) -> tuple[str, list[ToolCall]]:
         buf = self.buffer
         if not self._started:
             head = buf.lstrip(" \t\r\n")
+            if final and cut and head and PYTHON_TAG.startswith(head):
+                self.buffer = ""
+                return "", []  # cut inside the tag that opens a call
             if not head or (not final and PYTHON_TAG.startswith(head)):
                 return ("", []) if not final else self._flush()
             self._started = True
@@ -359,6 +470,8 @@ class ToolCallParser:
             try:
                 obj, i = _DECODER.raw_decode(text, i)
             except json.JSONDecodeError:
+                if cut:  # cut short inside a call: the whole calls before it stay
+                    break
                 return self._flush()
             call = self._accept(obj)
             if call is None:
@@ -373,7 +486,7 @@ class ToolCallParser:
 
     def _flush(self) -> tuple[str, list[ToolCall]]:
         out, self.buffer = self.buffer, ""
-        return out, []
+        return self._text(out), []
 
 
 def _partial_tail(text: str, tag: str) -> int:

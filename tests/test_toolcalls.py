@@ -150,6 +150,74 @@ def test_llama3_replies_are_one_json_call_or_text():
     assert calls == [], "arguments that do not validate are no call"
 
 
+def test_stop_strings_end_the_content_never_a_call():
+    fmt = ToolFormat("hermes")
+    city = [{"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    for size in (1, 3, 1000):
+        # inside a call's arguments a stop string is no stop: the call stays whole
+        p = ToolCallParser(fmt, city, stops=["Paris", "</"])
+        pieces = [p.feed(call[i:i + size]) for i in range(0, len(call), size)] + [p.finish()]
+        assert "".join(c for c, _ in pieces) == "" and not p.stopped
+        assert [json.loads(k.arguments) for _, ks in pieces for k in ks] == [{"city": "Paris"}]
+        # in the content it ends the reply there: the call after it never comes
+        p = ToolCallParser(fmt, city, stops=["Paris"])
+        text = "Weather in Paris?\n" + call
+        pieces = [p.feed(text[i:i + size]) for i in range(0, len(text), size)] + [p.finish()]
+        assert "".join(c for c, _ in pieces) == "Weather in " and p.stopped
+        assert [k for _, ks in pieces for k in ks] == []
+        # a stop string never spans a call: "Pa" + call + "ris" is no match
+        p = ToolCallParser(fmt, city, stops=["Paris"])
+        text = "Pa" + call + "ris."
+        pieces = [p.feed(text[i:i + size]) for i in range(0, len(text), size)] + [p.finish()]
+        assert "".join(c for c, _ in pieces) == "Paris." and not p.stopped
+        assert len([k for _, ks in pieces for k in ks]) == 1
+    p = ToolCallParser(ToolFormat("llama3"), TOOLS, stops=["warm"])
+    assert p.feed("It is warm today.") == ("It is ", []) and p.stopped
+    assert p.feed(" more") == ("", []) and p.finish() == ("", [])
+
+
+def test_a_reply_cut_inside_a_call_drops_the_half_call():
+    fmt = ToolFormat("hermes")
+    for text, content in [('<tool_call>\n{"name": "beep", "argu', ""),
+                          ("<tool_call>\n", ""), ("<tool_", ""),
+                          ('Sure.\n<tool_call>\n{"name": "beep", "arguments": {"n": ', "Sure."),
+                          (CALL_B + '\n<tool_call>\n{"name": "set_', "")]:
+        for size in (1, 4, 1000):
+            p = ToolCallParser(fmt, TOOLS)
+            got = [p.feed(text[i:i + size]) for i in range(0, len(text), size)]
+            got.append(p.finish(cut=True))
+            assert "".join(c for c, _ in got) == content, (text, size)
+            assert [k.name for _, ks in got for k in ks] == (["beep"] if text.startswith(CALL_B)
+                                                             else []), text
+    llama = ToolFormat("llama3")
+    for text, names in [('{"name": "beep", "param', []), ("<|python", []),
+                        ('{"name": "beep", "parameters": {"n": 1}}; {"name": "se', ["beep"])]:
+        p = ToolCallParser(llama, TOOLS)
+        content, calls = p.feed(text)
+        rest, more = p.finish(cut=True)
+        assert content + rest == "" and [k.name for k in calls + more] == names, text
+    # a reply that ended by itself is not cut: what is no call stays text, as before
+    p = ToolCallParser(fmt, TOOLS)
+    p.feed('<tool_call>\n{"name": "beep", "argu')
+    assert p.finish() == ('<tool_call>\n{"name": "beep", "argu', [])
+
+
+def test_a_function_without_parameters_takes_no_arguments():
+    ping = [{"type": "function", "function": {"name": "ping"}}]
+    fmt = ToolFormat("hermes")
+    grammar = tool_grammar(fmt, ping, "required")
+    assert _walk(grammar, '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>')
+    assert not _walk(grammar, '<tool_call>\n{"name": "ping", "arguments": {"x": 1}}\n</tool_call>')
+    _, calls = ToolCallParser(fmt, ping).feed(
+        '<tool_call>\n{"name": "ping", "arguments": {"x": 1}}\n</tool_call>')
+    assert calls == []
+    _, calls = ToolCallParser(fmt, ping).feed(
+        '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>')
+    assert [(c.name, c.arguments) for c in calls] == [("ping", "{}")]
+
+
 # ---- the grammar ---------------------------------------------------------------------------------
 
 def _walk(grammar: str, text: str) -> bool:
@@ -158,6 +226,59 @@ def _walk(grammar: str, text: str) -> bool:
 
     m = LLMatcher(_byte_tokenizer(), grammar_spec("grammar", grammar).compiled, log_level=0)
     return all(m.consume_token(b) for b in text.encode()) and m.is_accepting()
+
+
+def _pydantic_tools():
+    """openai.pydantic_function_tool() of a model with a sub-model ($defs and $ref), of a
+    recursive one, and a hand-written tool whose own "Addr" definition differs."""
+    from pydantic import BaseModel
+
+    class Addr(BaseModel):
+        city: str
+        zip: int
+
+    class Person(BaseModel):
+        name: str
+        home: Addr
+
+    class Node(BaseModel):
+        label: str
+        children: list["Node"]
+
+    other = {"type": "function", "function": {"name": "ship", "parameters": {
+        "type": "object", "properties": {"to": {"$ref": "#/definitions/Addr"}}, "required": ["to"],
+        "definitions": {"Addr": {"type": "object", "properties": {"street": {"type": "string"}},
+                                 "required": ["street"], "additionalProperties": False}}}}}
+    return [openai.pydantic_function_tool(Person), openai.pydantic_function_tool(Node), other]
+
+
+def test_parameters_with_defs_and_refs_are_enforced_inside_the_call():
+    """The call schema nests a tool's parameters under "arguments": their $defs / definitions and
+    $ref pointers (recursive ones included) move with them, each tool's apart."""
+    tools = _pydantic_tools()
+    assert "$defs" in tools[0]["function"]["parameters"]
+    fmt = ToolFormat("hermes")
+
+    def call(name, args):
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(args)}}}\n</tool_call>'
+
+    person = {"name": "Ann", "home": {"city": "Paris", "zip": 75001}}
+    tree = {"label": "a", "children": [{"label": "b", "children": [{"label": "c",
+                                                                    "children": []}]}]}
+    for grammar in (tool_grammar(fmt, tools, "required"), tool_grammar(fmt, tools, "auto"),
+                    tool_grammar(fmt, tools, {"type": "function", "function": {"name": "Node"}})):
+        assert _walk(grammar, call("Node", tree))
+        assert not _walk(grammar, call("Node", {"label": "a", "children": [{"label": 1}]}))
+    required = tool_grammar(fmt, tools, "required")
+    assert _walk(required, call("Person", person))
+    assert not _walk(required, call("Person", {"name": "Ann", "home": {"city": "Paris"}}))
+    assert _walk(required, call("ship", {"to": {"street": "Main"}}))
+    assert not _walk(required, call("ship", {"to": {"city": "Paris", "zip": 1}}))
+    assert _walk(tool_grammar(ToolFormat("llama3"), tools, "required"),
+                 json.dumps({"name": "Person", "parameters": person}))
+    # the parser checks the arguments against the tool's own schema, refs and all
+    _, calls = ToolCallParser(fmt, tools).feed(call("Person", person) + call("Node", tree))
+    assert [json.loads(c.arguments) for c in calls] == [person, tree]
 
 
 def test_the_grammar_lets_through_exactly_the_valid_calls():
@@ -286,8 +407,23 @@ BAD = [
     ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
     ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": 7}}}]},
-     "tools"),
+     "tools.0.function.parameters"),
+    ({"tools": [TOOLS[0], {"type": "function", "function": {"name": "a", "parameters": {
+        "type": "object", "properties": {"x": {"type": "strin"}}}}}]},
+     "tools.1.function.parameters"),
     ({"functions": [{"name": "a"}]}, "functions"),
+    ({"tools": []}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "string"}}}],
+      "tool_choice": "required"}, "tools.0.function.parameters"),
+    ({"messages": [{"role": "user", "content": "x"},
+                   {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
+                                                         "function": {"name": "beep",
+                                                                      "arguments": "{}"}}]},
+                   {"role": "tool", "tool_call_id": "call_2", "content": "ok"}]},
+     "messages.2.tool_call_id"),
+    ({"messages": [{"role": "user", "content": "x"},
+                   {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]},
+     "messages.1.tool_call_id"),
 ]
 
 
@@ -296,7 +432,100 @@ def test_bad_tools_are_a_400_naming_the_field(server, extra, param):
     body = {"messages": [{"role": "user", "content": "x"}], "tools": TOOLS, **extra}
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == param, r.json()
+    error = r.json()["error"]
+    assert error["param"] == param, error
+    # one line naming the field, never the internal grammar
+    assert "\n" not in error["message"] and "%json" not in error["message"], error
+    if param.startswith(("tools", "messages")):
+        assert error["message"].startswith(param), error
+
+
+def test_tools_from_pydantic_models_with_sub_models_are_called(server):
+    """openai.pydantic_function_tool() of models with a sub-model or recursion ($defs, $ref):
+    accepted, and the call follows the schema (it was a 400: Pointer '/$defs/Addr' does not
+    exist)."""
+    c = client(server)
+    for tool in _pydantic_tools():  # one at a time: the tiny model's context is 1024
+        r = c.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "go"}], tools=[tool], seed=3,
+            tool_choice="required", parallel_tool_calls=False, max_tokens=300)
+        assert r.choices[0].finish_reason == "tool_calls", r
+        call = r.choices[0].message.tool_calls[0]
+        assert call.function.name == tool["function"]["name"]
+        jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+
+
+PARIS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"const": "Paris"}}, "required": ["city"],
+    "additionalProperties": False}}}]
+
+
+def test_a_stop_string_does_not_cut_a_tool_call(server):
+    """stop applies to the content, never inside a call: "Paris" in the arguments is no stop
+    (it was finish_reason "stop" and the cut markup as content)."""
+    c = client(server)
+    kw = dict(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
+              tools=PARIS, tool_choice="required", parallel_tool_calls=False, stop=["Paris"],
+              seed=1, max_tokens=300)
+    r = c.chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert r.choices[0].message.content is None
+    assert [(t.function.name, t.function.arguments) for t in r.choices[0].message.tool_calls] \
+        == [("get_weather", '{"city": "Paris"}')]
+    chunks = [ch for ch in c.chat.completions.create(stream=True, **kw) if ch.choices]
+    deltas = [ch.choices[0].delta for ch in chunks]
+    assert [(t.function.name, t.function.arguments) for d in deltas for t in d.tool_calls or []] \
+        == [("get_weather", '{"city": "Paris"}')]
+    assert "".join(d.content or "" for d in deltas) == ""
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_stop_string_in_the_content_ends_the_reply(server):
+    """tool_choice auto: the content is cut before the stop string, the reply ends there
+    (finish_reason "stop"), and the engine stops soon after instead of running to max_tokens."""
+    c = client(server)
+    kw = dict(model="m", messages=[{"role": "user", "content": "go"}], tools=TOOLS,
+              tool_choice="auto", seed=4, temperature=0.8)
+    free = c.chat.completions.create(max_tokens=40, **kw).choices[0].message.content
+    assert len(free) > 12, free
+    stop = free[8:11]
+    cut = free[:free.index(stop)]
+    r = c.chat.completions.create(max_tokens=300, stop=[stop], **kw)
+    assert r.choices[0].finish_reason == "stop", r
+    assert r.choices[0].message.content == cut and r.choices[0].message.tool_calls is None
+    assert r.usage.completion_tokens < 60  # not the 300 of max_tokens
+    chunks = [ch for ch in c.chat.completions.create(max_tokens=300, stop=[stop], stream=True,
+                                                     **kw) if ch.choices]
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == cut
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_max_tokens_inside_a_call_sends_no_markup_and_no_half_call(server):
+    c = client(server)
+    for n in (1, 5, 12):
+        r = ask(c, max_tokens=n)
+        choice = r.choices[0]
+        assert choice.finish_reason == "length" and choice.message.tool_calls is None, r
+        assert not choice.message.content, r
+        chunks = [ch for ch in ask(c, max_tokens=n, stream=True) if ch.choices]
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == ""
+        assert not any(ch.choices[0].delta.tool_calls for ch in chunks)
+        assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_tool_choice_null_is_auto_and_a_tool_without_parameters_takes_none(server):
+    body = {"messages": [{"role": "user", "content": "go"}], "tools": TOOLS,
+            "tool_choice": None, "parallel_tool_calls": None, "max_tokens": 4}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    c = client(server)
+    for seed in range(3):
+        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}],
+                                      tools=[{"type": "function", "function": {"name": "ping"}}],
+                                      tool_choice="required", parallel_tool_calls=False,
+                                      seed=seed, max_tokens=60)
+        assert [(t.function.name, t.function.arguments)
+                for t in r.choices[0].message.tool_calls] == [("ping", "{}")]
 
 
 def test_a_template_without_tools_is_a_400(files):

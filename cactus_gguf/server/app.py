@@ -421,6 +421,8 @@ async def _generate(request: HttpRequest, body, prompt, chat: bool, config: Serv
     if refused is not None:
         return refused
     shape = _Shape(chat, config.model_id, req, plan.reply() if plan is not None else None)
+    if shape.tools is not None:  # a stop string in the content ends the job (server/tools.py)
+        shape.tools.on_stop = lambda: job.cancel("stop")
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         request.state.counted_by_stream = True  # its status is known only at its end
@@ -429,7 +431,11 @@ async def _generate(request: HttpRequest, body, prompt, chat: bool, config: Serv
         return EventSourceResponse(_sse(job, request, shape, include_usage, metrics, redact),
                                    ping=15, shutdown_grace_period=config.shutdown_grace + 5)
     return await watch.answer(lambda text, result: shape.response(text, result, job.stopped_by),
-                              lambda e: _engine_error(e, redact, body), error_of)
+                              lambda e: _engine_error(e, redact, body), error_of,
+                              # tool calls: parsed as the text comes, so a stop string in the
+                              # content ends the job
+                              **({} if shape.tools is None else
+                                 {"piece": lambda chunk: shape.tools.take(chunk.text)}))
 
 
 def _cut_short(result) -> str:
@@ -543,8 +549,8 @@ class _Shape:
         finish = FINISH.get(stopped_by or result.stop_reason, "stop")
         message = {"role": "assistant", "content": text}
         if self.tools is not None:  # the calls parsed out of the text
-            message = self.tools.message(text)
-            finish = "tool_calls" if self.tools.called and finish == "stop" else finish
+            message = self.tools.message(text, finish)
+            finish = self.tools.finish_reason(finish)
         choice = ({"index": 0, "message": message,
                    "finish_reason": finish, "logprobs": self.logprobs(result.logprobs)} if self.chat else
                   {"index": 0, "text": text, "finish_reason": finish,
@@ -561,8 +567,8 @@ class _Shape:
             delta = {"role": "assistant", "content": ""} if role else (
                 {"content": text} if text is not None else {})
             if self.tools is not None and not role:  # content and calls, parsed as they come
-                delta = self.tools.delta(text)
-                finish = "tool_calls" if self.tools.called and finish == "stop" else finish
+                delta = self.tools.delta(text, finish)
+                finish = None if finish is None else self.tools.finish_reason(finish)
             choice = {"index": 0, "delta": delta, "finish_reason": finish,
                       "logprobs": None if role else self.logprobs(logprobs)}
         else:

@@ -12,6 +12,7 @@ residual alike (docs/server.md "Structured output").
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Generic, Literal, TypeVar, Union
 
@@ -19,7 +20,9 @@ import llama_cpp
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import InputError
-from ..toolcalls import ToolCallParser, ToolFormat, render_with_tools, tool_format, tool_grammar
+from ..sampling.constraints import grammar_spec
+from ..toolcalls import (ToolCallParser, ToolFormat, arguments_schema, render_with_tools,
+                         tool_format, tool_grammar)
 
 __all__ = ["ToolPlan", "ToolReply"]
 
@@ -110,6 +113,9 @@ class ToolPlan:
         self.messages = messages
         self.constrained_by = constrained_by  # the body's own output constraint, if any
         self.format: ToolFormat | None = None  # known after prepare()
+        # the request's stop strings: the content's, never a call's (ToolCallParser), so the
+        # engine runs without them when calls are allowed (prepare())
+        self.stops: tuple[str, ...] = ()
 
     @property
     def calls_allowed(self) -> bool:
@@ -123,13 +129,17 @@ class ToolPlan:
         raw_tools = extra.get("tools")
         history = any(m.role == "tool" or (m.model_extra or {}).get("tool_calls")
                       for m in body.messages)
+        # null is the field left out (llama-server's and OpenAI's clients send it so)
         choice_given = extra.get("tool_choice") is not None
-        if not raw_tools and not history and not choice_given and \
-                extra.get("parallel_tool_calls") is None:
-            return None
         if raw_tools is not None and not isinstance(raw_tools, list):
             raise InputError(f"tools must be a list of tools, got {type(raw_tools).__name__}",
                              param="tools")
+        if raw_tools == []:  # OpenAI's rule: at least one
+            raise InputError("tools is an empty list: give at least one tool, or leave tools out",
+                             param="tools")
+        if not raw_tools and not history and not choice_given and \
+                extra.get("parallel_tool_calls") is None:
+            return None
         tools = [_validated(_Tool, t, f"tools.{i}").model_dump(exclude_none=True)
                  for i, t in enumerate(raw_tools or [])]
         names = [t["function"]["name"] for t in tools]
@@ -140,7 +150,9 @@ class ToolPlan:
             if name in names[:i]:
                 raise InputError(f"tools.{i}.function.name {name!r} is given twice",
                                  param=f"tools.{i}.function.name")
-        choice = extra.get("tool_choice", "auto")
+            _check_parameters(tools[i]["function"], f"tools.{i}.function.parameters")
+        choice = extra.get("tool_choice")
+        choice = "auto" if choice is None else choice
         if choice_given and not tools:
             raise InputError("tool_choice needs tools", param="tool_choice")
         if isinstance(choice, dict):
@@ -153,7 +165,8 @@ class ToolPlan:
             raise InputError(f'tool_choice must be "auto", "none", "required" or {{"type": '
                              f'"function", "function": {{"name": ...}}}}, got {choice!r}'[:200],
                              param="tool_choice")
-        parallel = extra.get("parallel_tool_calls", True)
+        parallel = extra.get("parallel_tool_calls")
+        parallel = True if parallel is None else parallel
         if not isinstance(parallel, bool):
             raise InputError(f"parallel_tool_calls must be a boolean, got {parallel!r}"[:80],
                              param="parallel_tool_calls")
@@ -189,16 +202,45 @@ class ToolPlan:
             grammar = tool_grammar(self.format, self.tools, self.choice, self.parallel)
             try:
                 req = req.replace(grammar=grammar)
-            except InputError as e:  # a tool's parameters the grammar engine refuses
-                raise InputError(f"tools: the tools' parameters are not a JSON schema this "
-                                 f"server can enforce: {e}", param="tools") from None
+            except InputError as e:  # each tool's parameters compiled alone (of()): not expected
+                why = str(e).split("%llguidance")[0].split("%json")[0].strip()[:200]
+                raise InputError(f"tools: the tools' parameters compile one by one but not "
+                                 f"together into the calls' grammar: {why}",
+                                 param="tools") from None
+        if self.calls_allowed and req.stop:
+            # stop strings end the content, never a call (they would cut its markup or its
+            # arguments): the parser applies them to the content, and the reply ends the job
+            self.stops, req = tuple(req.stop), req.replace(stop=())
         return prompt, req
 
     def reply(self) -> "ToolReply | None":
         """The reply's shaper (after prepare), or None when no call can come (plain text)."""
         if not self.calls_allowed:
             return None
-        return ToolReply(ToolCallParser(self.format, self.tools))
+        return ToolReply(ToolCallParser(self.format, self.tools, self.stops))
+
+
+def _check_parameters(function: dict, field: str) -> None:
+    """A function's ``parameters`` must describe an object (OpenAI's rule: a call's arguments
+    are a JSON object) and be a JSON schema the grammar engine enforces; InputError naming
+    ``field`` otherwise, on one line."""
+    params = function.get("parameters")
+    if params is None:
+        return  # no parameters: the function takes none
+    kind = params.get("type", "object")
+    if kind != "object":
+        raise InputError(f"{field} must be a JSON schema of an object (\"type\": \"object\", "
+                         f"with the arguments as its properties), got \"type\": "
+                         f"{json.dumps(kind)[:40]}: put the value in a property, e.g. "
+                         f"{{\"type\": \"object\", \"properties\": {{\"value\": ...}}}}",
+                         param=field)
+    try:
+        grammar_spec("json_schema", json.dumps(arguments_schema(function)))
+    except InputError as e:
+        # grammar_spec's message names its own field ("{json_schema} is invalid: ...")
+        why = str(e).split(": ", 1)[-1] if str(e).startswith("{json_schema}") else str(e)
+        raise InputError(f"{field} is not a JSON schema this server can enforce "
+                         f"({function['name']}): {why}"[:300], param=field) from None
 
 
 def _is_special(model, text: str) -> bool:
@@ -217,6 +259,7 @@ def _messages(body) -> list[dict]:
     """The messages as chat templates take them: role, text content, and OpenAI's tool fields
     (assistant ``tool_calls``; a tool result's ``tool_call_id`` and ``name``)."""
     out = []
+    call_ids: list[str] = []  # the ids of the calls made so far
     for i, m in enumerate(body.messages):
         extra = m.model_extra or {}
         msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
@@ -231,6 +274,7 @@ def _messages(body) -> list[dict]:
                                  param=f"messages.{i}.tool_calls")
             msg["tool_calls"] = [_validated(_Call, c, f"messages.{i}.tool_calls.{j}")
                                  .model_dump(exclude_none=True) for j, c in enumerate(calls)]
+            call_ids += [c["id"] for c in msg["tool_calls"] if "id" in c]
         if m.role == "tool":
             for key in ("tool_call_id", "name"):
                 value = extra.get(key)
@@ -239,31 +283,64 @@ def _messages(body) -> list[dict]:
                                      param=f"messages.{i}.{key}")
                 if value is not None:
                     msg[key] = value
+            answered = msg.get("tool_call_id")
+            if answered is not None and answered not in call_ids:
+                made = (f"the calls made before it are {', '.join(call_ids)}"[:200] if call_ids
+                        else "no assistant message before it has tool_calls")
+                raise InputError(f"messages.{i}.tool_call_id {answered!r} answers no earlier tool "
+                                 f"call ({made}): give the id of the assistant's call it answers"
+                                 [:300], param=f"messages.{i}.tool_call_id")
         out.append(msg)
     return out
 
 
 class ToolReply:
     """The reply of a request whose model may call tools: content and calls parsed as the text
-    comes (ToolCallParser), shaped as OpenAI's message or streamed deltas."""
+    comes (ToolCallParser), shaped as OpenAI's message or streamed deltas.
+
+    A stop string that ends the content (``stopped``) ends the reply: ``on_stop()`` (set by the
+    server: it ends the job) is called once, later text is ignored, and the finish reason is
+    "stop" ("tool_calls" when calls came before). A reply cut short (finish reason "length")
+    drops the call it ends inside: no half call, and no markup in the content."""
 
     def __init__(self, parser: ToolCallParser) -> None:
         self.parser = parser
         self.n_calls = 0
+        self.on_stop = lambda: None
+        self._told = False
+        self._taken: tuple[list[str], list] | None = None  # take()'s content and calls
 
     @property
     def called(self) -> bool:
-        return self.n_calls > 0
+        return self.n_calls > 0 or bool(self._taken and self._taken[1])
+
+    @property
+    def stopped(self) -> bool:
+        return self.parser.stopped
+
+    def finish_reason(self, finish: str) -> str:
+        """The reply's finish_reason, from the engine's."""
+        finish = "stop" if self.stopped else finish
+        return "tool_calls" if self.called and finish == "stop" else finish
+
+    def _feed(self, text: str):
+        out = self.parser.feed(text)
+        if self.parser.stopped and not self._told:
+            self._told = True
+            self.on_stop()
+        return out
 
     def _calls(self, calls) -> list[dict]:
         out = [{"index": self.n_calls + i, **c.openai()} for i, c in enumerate(calls)]
         self.n_calls += len(calls)
         return out
 
-    def delta(self, text: str | None) -> dict:
-        """A streamed chunk's delta for the next piece of text (None: the reply ended): the
-        content that is final and the calls completed, ``{}`` when everything is held back."""
-        content, calls = self.parser.feed(text) if text is not None else self.parser.finish()
+    def delta(self, text: str | None, finish: str | None = None) -> dict:
+        """A streamed chunk's delta for the next piece of text (None: the reply ended, with the
+        engine's ``finish`` reason): the content that is final and the calls completed, ``{}``
+        when everything is held back."""
+        content, calls = self._feed(text) if text is not None else \
+            self.parser.finish(cut=finish == "length")
         out: dict[str, Any] = {}
         if content:
             out["content"] = content
@@ -271,11 +348,25 @@ class ToolReply:
             out["tool_calls"] = self._calls(calls)
         return out
 
-    def message(self, text: str) -> dict:
+    def take(self, text: str) -> str:
+        """A reply that is not streamed, piece by piece as it comes (a stop string in the content
+        ends it at once); returns ``text``. message() then shapes what was taken."""
+        content, calls = self._feed(text)
+        taken = self._taken = self._taken or ([], [])
+        taken[0].append(content)
+        taken[1].extend(calls)
+        return text
+
+    def message(self, text: str, finish: str = "stop") -> dict:
         """The whole reply as OpenAI's assistant message (content None when there is only
-        calls)."""
-        content, calls = self.parser.feed(text)
-        rest, more = self.parser.finish()
+        calls): ``text``, unless take() had it piece by piece; ``finish``: the engine's finish
+        reason."""
+        if self._taken is None:
+            content, calls = self._feed(text)
+        else:
+            content, calls = "".join(self._taken[0]), self._taken[1]
+            self._taken = None
+        rest, more = self.parser.finish(cut=finish == "length")
         message: dict[str, Any] = {"role": "assistant", "content": (content + rest) or None}
         if calls or more:
             message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"}
@@ -283,4 +374,3 @@ class ToolReply:
         else:
             message["content"] = content + rest
         return message
-
