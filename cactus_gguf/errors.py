@@ -78,6 +78,11 @@ class ContextLengthError(CapacityError, ValueError):
     error_type = "invalid_request_error"
     code = "context_length_exceeded"
 
+    def __init__(self, message: str, *, param: str | None = None, options: Iterable[str] = (),
+                 n_prompt_tokens: int | None = None, n_ctx: int | None = None) -> None:
+        super().__init__(message, param=param, options=options)
+        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx  # tokens; llama-server reports both
+
 
 class EngineBusyError(CapacityError):
     """The engine is serving another generation and the caller asked not to wait."""

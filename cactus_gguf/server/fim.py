@@ -17,6 +17,9 @@ When a completion stops early, as llama-server:
                         from the first text; the rest of that step's text is dropped)
   ``n_indent``          at a line (after the first) indented less: cut before its first
                         non-blank character
+and then ``tokens``, ``tokens_predicted`` and ``timings.predicted_n`` count the tokens of the text
+returned (those wholly within it: a token the cut splits is not one of them); ``tokens_cached``
+stays what the caches hold, every token generated.
 ``n_predict`` 0 (an editor's cache warm-up) processes the prompt into the caches and returns no
 text (one token is computed and dropped).
 
@@ -34,16 +37,20 @@ import time
 from typing import Any, Union
 
 from fastapi import APIRouter, Request as HttpRequest
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
-from ..errors import CactusError, InputError
+from ..errors import InputError
 from ..fim import ExtraChunk, infill_prompt
-from .native_api import (LlamaRoute, _error_event, _not_ready, _stop_type as completion_stop_type,
-                         _stopping_word, generation_settings, llama_error_of, response_fields,
-                         timings)
+from ..speculative.session import tokens_within
+from .core import stream, submit
+from .http_errors import llama_error_of
+from .native_api import (LlamaRoute, _not_ready, _stop_type as completion_stop_type,
+                         stopping_word, error_event, generation_settings, response_fields)
+from .report import speculative_block, timings
 from .schemas import _Common, completion_prompt, to_request
-from .worker import Job, ShuttingDownError
+from .worker import Job
 
 __all__ = ["InfillRequest", "SuffixPlan", "router", "sampler_overrides"]
 
@@ -187,11 +194,21 @@ class _Infill:
     native_api.py's settings and timings), with this server's ``speculative`` block."""
 
     def __init__(self, body: InfillRequest, req, model_id: str, prompt_text: str,
-                 n_prompt: int, speculative) -> None:
+                 n_prompt: int, speculative, piece=None) -> None:
         self.body, self.req, self.model_id = body, req, model_id
         self.prompt_text, self.n_prompt = prompt_text, n_prompt
         self.speculative = speculative  # result -> the speculative block (app's _Shape)
+        self.piece = piece  # token id -> its bytes (the model's token_to_piece)
         self.warm_up = body.n_predict == 0
+
+    def _returned(self, result, limits: "_LineLimits") -> list[int]:
+        """The generated tokens of the text returned: all of them, but after an early stop
+        (which cuts the text inside a step, maybe inside a token) those wholly within the text
+        kept (speculative/session.py's ``tokens_within``)."""
+        tokens = list(result.tokens)
+        if limits.stop_type is None or self.piece is None:
+            return tokens
+        return tokens[:tokens_within(map(self.piece, tokens), len(limits.text))]
 
     def partial(self, text: str) -> dict:
         return {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": 0,
@@ -206,17 +223,23 @@ class _Infill:
                         samplers=[n for n, _, off in WARPS if getattr(self.req, n) != off])
         if self.warm_up:
             settings.update(n_predict=0, max_tokens=0)
+        returned = [] if self.warm_up else self._returned(result, limits)
+        n = len(returned)
+        times = timings(s)  # predicted: the tokens returned (an early stop drops a step's rest)
+        times.update(predicted_n=n, predicted_per_token_ms=times["predicted_ms"] / max(n, 1),
+                     predicted_per_second=n / s.decode_seconds if s.decode_seconds > 0 else 0.0)
         out = {"index": 0, "content": "" if self.warm_up else text,
-               "tokens": list(result.tokens) if self.body.return_tokens and not self.warm_up
-               else [], "id_slot": 0, "stop": True, "model": self.model_id,
-               "tokens_predicted": 0 if self.warm_up else s.n_tokens,
+               "tokens": returned if self.body.return_tokens else [],
+               "id_slot": 0, "stop": True, "model": self.model_id,
+               "tokens_predicted": n,
                "tokens_evaluated": self.n_prompt, "generation_settings": settings,
                "prompt": self.prompt_text, "has_new_line": "\n" in text,
                # llama-server's truncated: the context ran out (the FIM trim is not counted)
                "truncated": result.stop_reason == "length" and "context full" in result.message,
                "stop_type": "limit" if self.warm_up else _stop_type(result, limits, stopped_by),
-               "stopping_word": _stopping_word(result),
-               "tokens_cached": self.n_prompt + s.n_tokens, "timings": timings(s),
+               "stopping_word": stopping_word(result),
+               # what the caches hold: every token generated, those an early stop dropped too
+               "tokens_cached": self.n_prompt + s.n_tokens, "timings": times,
                "speculative": self.speculative(result)}
         if self.body.response_fields:
             return response_fields(out, self.body.response_fields, key_by_path=True)
@@ -254,24 +277,26 @@ router = APIRouter(route_class=LlamaRoute)  # llama-server's errors (native_api.
 async def infill(body: InfillRequest, request: HttpRequest):
     """llama-server's ``/infill`` (module docstring): the FIM prompt, the job, and the answer,
     streamed or not. Errors are llama-server's JSON."""
-    from .app import _cut_short, _Shape, _Watch
-
     state = request.app.state
     config, worker, metrics, redact = state.config, state.worker, state.metrics, state.redact
     refused = _not_ready(worker, redact)
     if refused is not None:
         return refused
-    try:
-        ids, req = _prepare(body, worker.engine, config.defaults)
-    except CactusError as e:
+
+    def failed(e):
         return llama_error_of(e, redact, body)
+
+    job = Job(prompt=None, request=None, chat=False, loop=asyncio.get_running_loop(),
+              deadline=time.perf_counter() + config.request_timeout,
+              prepare=lambda engine: _prepare(body, engine, config.defaults))  # on the worker
+    watch = await submit(worker, job, request, failed)
+    if isinstance(watch, Response):  # refused before its first step (a queue timeout too)
+        return watch
+    ids, req = job.prompt, job.request
     model = worker.engine.verifier.model
     shape = _Infill(body, req, config.model_id, model.detokenize(ids, special=True), len(ids),
-                    _Shape(False, config.model_id, req).speculative)
+                    lambda result: speculative_block(req, result), model.token_to_piece)
     limits = _LineLimits(body.t_max_predict_ms, body.n_indent)
-    job = Job(prompt=ids, request=req, chat=False, loop=asyncio.get_running_loop(),
-              deadline=time.perf_counter() + config.request_timeout)
-    worker.submit(job)  # a full queue: QueueFullError, a 503 (LlamaRoute)
 
     def take(chunk) -> str:
         """What of a chunk to send: the early stops cut it, and then stop the job."""
@@ -284,36 +309,16 @@ async def infill(body: InfillRequest, request: HttpRequest):
         return "" if job.stopped_by == "limit" else job.stopped_by
 
     if body.stream:
-        request.state.counted_by_stream = True  # its status is known only at its end
+        def chunk(c):
+            piece = take(c)
+            return [{"data": json.dumps(shape.partial(piece))}] if piece else []
 
-        async def events():
-            status = "499"  # unless it gets to its end
-            try:
-                while True:
-                    kind, payload = await job.events.get()
-                    if kind == "chunk":
-                        piece = take(payload)
-                        if piece:
-                            yield {"data": json.dumps(shape.partial(piece))}
-                    elif kind == "done":
-                        if job.stopped_by == "shutdown":
-                            status = "503"
-                            yield _error_event(ShuttingDownError(_cut_short(payload)), redact)
-                        else:
-                            status = "200"
-                            yield {"data": json.dumps(shape.final("", payload, limits,
-                                                                  stopped(job)))}
-                        break
-                    elif kind == "error":
-                        status = "500"
-                        yield _error_event(payload, redact)
-                        break
-            finally:
-                job.cancel()
-                metrics.requests.labels(request.url.path, status).inc()
+        def done(result):
+            return [{"data": json.dumps(shape.final("", result, limits, stopped(job)))}]
 
-        return EventSourceResponse(events(), ping=15,
-                                   shutdown_grace_period=config.shutdown_grace + 5)
-    return await _Watch(job, request).answer(
-        lambda text, result: shape.final(text, result, limits, stopped(job)),
-        lambda e: llama_error_of(e, redact, body), lambda e: llama_error_of(e, redact), take)
+        return EventSourceResponse(
+            stream(job, request, metrics, chunk=chunk, done=done,
+                   failed=lambda e: [error_event(e, redact)]),
+            ping=15, shutdown_grace_period=config.shutdown_grace + 5)
+    return await watch.answer(lambda text, result: shape.final(text, result, limits, stopped(job)),
+                              failed, take)

@@ -49,42 +49,18 @@ from pydantic import BaseModel, ConfigDict
 from sse_starlette.sse import EventSourceResponse
 
 from ..errors import CactusError, InputError
+from ..options.rule import rule_of
+from .core import NotReadyError, not_ready, stream, submit
+from .http_errors import invalid_body, llama_error, llama_error_of
 from .logprobs import llama_probs
-from .schemas import ChatCompletionRequest, _Common, chat_messages, openai_param, to_request
-from .worker import Job, ShuttingDownError
+from .report import build_info, speculative_block, timings
+from .schemas import ChatCompletionRequest, _Common, chat_messages, to_request
+from .worker import Job
 
 __all__ = ["router", "NATIVE_PATHS", "llama_error", "LlamaCompletionRequest"]
 
 NATIVE_PATHS = frozenset({"/completion", "/completions", "/tokenize", "/detokenize",
                           "/apply-template", "/props", "/infill"})  # /infill: server/fim.py
-
-# llama-server's error types by status (server-common.cpp: format_error_response)
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 413: "invalid_request_error", 500: "server_error",
-          501: "not_supported_error", 503: "unavailable_error"}
-
-
-def llama_error(status: int, message: str, *, param: str | None = None, type_: str | None = None,
-                code: str | None = None, headers=None) -> JSONResponse:
-    """llama-server's error answer: ``{"error": {"code": status, "message", "type"}}`` (plus the
-    field at fault as ``param``). ``code``: the OpenAI answer's code, unused (llama-server's code
-    is the status); taken so that either answer can be made with the same call."""
-    return JSONResponse({"error": {"code": status, "message": message,
-                                   "type": type_ or _TYPES.get(status, "server_error"),
-                                   "param": param}}, status_code=status, headers=headers)
-
-
-def llama_error_of(e: BaseException, redact: Callable[[str], str], body=None) -> JSONResponse:
-    """An engine or input error as llama-server answers it (a prompt over the context: its
-    ``exceed_context_size_error``); options named as the client wrote them."""
-    if not isinstance(e, CactusError):
-        return llama_error(500, redact(f"{type(e).__name__}: {e}"))
-    name = (lambda n: openai_param(n, body)) if body is not None else (lambda n: n)
-    type_ = "exceed_context_size_error" if e.code == "context_length_exceeded" else None
-    return llama_error(e.http_status, redact(e.render(name)), param=name(e.param) if e.param
-                       else None, type_=type_,
-                       headers={"Retry-After": "1"} if e.http_status == 503 else None)
-
 
 class _Refused(Exception):
     """The engine cannot take a request (:func:`_engine`): ``response`` is llama-server's answer
@@ -103,18 +79,10 @@ class LlamaRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def route(request: HttpRequest) -> Response:
-            from .app import _field
-
             try:
                 return await handler(request)
             except RequestValidationError as exc:
-                first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-                if first.get("type") == "json_invalid":
-                    return llama_error(400, f"the body is not valid JSON: {first.get('msg')}")
-                name = _field(first.get("loc", ()))
-                message = f"{name}: {first.get('msg')}"
-                if str(first.get("type", "")).endswith("_type") and "input" in first:
-                    message += f", got {json.dumps(first['input'], default=str)[:60]}"
+                message, name = invalid_body(exc)
                 return llama_error(400, message, param=name)
             except _Refused as e:
                 return e.response
@@ -213,7 +181,7 @@ def _stop_type(result, stopped_by: str) -> str:
     return {"eos": "eos", "stop": "word", "length": "limit"}.get(result.stop_reason, "none")
 
 
-def _stopping_word(result) -> str:
+def stopping_word(result) -> str:
     """The stop string that ended the text (session.py writes ``stop string 'WORD'`` into the
     message, its repr), else ""."""
     import ast
@@ -262,23 +230,6 @@ def generation_settings(req, stream: bool = False) -> dict:
             "json_schema": json.loads(req.json_schema) if req.json_schema else None}
 
 
-def timings(s) -> dict:
-    """llama-server's ``timings`` of a generation's stats (prompt: the tokens decoded, those
-    reused are ``cache_n``; predicted: the emitted tokens; draft_n / draft_n_accepted: drafted and
-    accepted tokens, when any were drafted)."""
-    n_prompt = s.n_prompt_tokens - s.n_prompt_tokens_reused
-    out = {"cache_n": s.n_prompt_tokens_reused, "prompt_n": n_prompt,
-           "prompt_ms": s.prefill_seconds * 1e3,
-           "prompt_per_token_ms": s.prefill_seconds * 1e3 / max(n_prompt, 1),
-           "prompt_per_second": n_prompt / s.prefill_seconds if s.prefill_seconds else 0.0,
-           "predicted_n": s.n_tokens, "predicted_ms": s.decode_seconds * 1e3,
-           "predicted_per_token_ms": s.decode_seconds * 1e3 / max(s.n_tokens, 1),
-           "predicted_per_second": s.tokens_per_second}
-    if s.n_drafted:
-        out.update(draft_n=s.n_drafted, draft_n_accepted=s.n_accepted)
-    return out
-
-
 class _Completion:
     """llama-server's completion objects for one ``/completion`` request (server-task.cpp:
     to_json_non_oaicompat), with this server's ``speculative`` block."""
@@ -316,7 +267,7 @@ class _Completion:
                "prompt": self.prompt_text, "has_new_line": "\n" in result.text,
                "truncated": False,  # no context shift: a prompt is never cut
                "stop_type": _stop_type(result, stopped_by),
-               "stopping_word": _stopping_word(result),
+               "stopping_word": stopping_word(result),
                "tokens_cached": self.n_prompt + s.n_tokens, "timings": timings(s),
                **({} if streamed else self._probs(result.logprobs)),
                "speculative": self.speculative(result)}
@@ -326,23 +277,19 @@ class _Completion:
 
 
 def _not_ready(worker, redact) -> JSONResponse | None:
-    """llama-server's answer while the engine cannot take a request, else None."""
-    if worker.state == "lost":
-        return llama_error(503, redact(worker.error))
-    if worker.stopping:
-        return llama_error_of(ShuttingDownError(), redact)
-    if worker.state == "loading":
+    """llama-server's answer while the engine cannot take a request (core.not_ready), else
+    None."""
+    refused = not_ready(worker)
+    if refused is None:
+        return None
+    if isinstance(refused, NotReadyError):  # llama-server's words while it loads
         return llama_error(503, "Loading model", headers={"Retry-After": "1"})
-    if worker.state != "ready":
-        return llama_error(500, redact(f"the models failed to load: {worker.error}"))
-    return None
+    return llama_error_of(refused, redact)
 
 
 @router.post("/completion")
 @router.post("/completions")
 async def completion(body: LlamaCompletionRequest, request: HttpRequest):
-    from .app import _Shape, _Watch
-
     state = request.app.state
     config, worker, metrics, redact = state.config, state.worker, state.metrics, state.redact
     refused = _not_ready(worker, redact)
@@ -351,65 +298,51 @@ async def completion(body: LlamaCompletionRequest, request: HttpRequest):
     _refused(body)
     try:
         req = to_request(config.defaults, body)
-        ids = prompt_ids(worker.engine, body.prompt)
     except CactusError as e:
         return llama_error_of(e, redact, body)
+
+    def prepare(engine):  # on the worker: the prompt's token ids
+        return prompt_ids(engine, body.prompt), req
+
+    def failed(e):
+        return llama_error_of(e, redact, body)
+
+    job = Job(prompt=None, request=req, chat=False, loop=asyncio.get_running_loop(),
+              deadline=time.perf_counter() + config.request_timeout, prepare=prepare)
+    watch = await submit(worker, job, request, failed)
+    if isinstance(watch, Response):
+        return watch
+    ids = job.prompt
     shape = _Completion(body, req, config.model_id,
                         worker.engine.verifier.model.detokenize(ids, special=True), len(ids),
-                        _Shape(False, config.model_id, req).speculative)
-    job = Job(prompt=ids, request=req, chat=False, loop=asyncio.get_running_loop(),
-              deadline=time.perf_counter() + config.request_timeout)
-    worker.submit(job)  # a full queue: QueueFullError, a 503 (LlamaRoute)
-    watch = _Watch(job, request)
-    refused = await watch.started(lambda e: llama_error_of(e, redact, body))
-    if refused is not None:
-        return refused
+                        lambda result: speculative_block(req, result))
     if body.stream:
-        request.state.counted_by_stream = True  # its status is known only at its end
         return EventSourceResponse(_events(job, request, shape, metrics, redact), ping=15,
                                    shutdown_grace_period=config.shutdown_grace + 5)
     return await watch.answer(lambda text, result: shape.final(text, result, job.stopped_by),
-                              lambda e: llama_error_of(e, redact, body),
-                              lambda e: llama_error_of(e, redact))
+                              failed)
 
 
-def _error_event(e, redact) -> dict:
+def error_event(e, redact) -> dict:
     """A stream's error event: llama-server's ``data: {"error": {...}}``."""
     return {"data": json.dumps({"error": json.loads(llama_error_of(e, redact).body)["error"]})}
 
 
-async def _events(job: Job, request: HttpRequest, shape: _Completion, metrics, redact):
+def _events(job: Job, request: HttpRequest, shape: _Completion, metrics, redact):
     """The SSE events of a streamed /completion: partial objects, the final one (no [DONE]);
     an error event in its place when the engine fails or the shutdown cuts the reply."""
-    from .app import _cut_short
 
-    status = "499"  # unless it gets to its end
-    try:
-        while True:
-            kind, payload = await job.events.get()
-            if kind == "chunk":
-                yield {"data": json.dumps(shape.partial(payload.text, payload.tokens,
-                                                        payload.logprobs, payload.segments))}
-            elif kind == "done":
-                if job.stopped_by == "shutdown":
-                    status = "503"
-                    yield _error_event(ShuttingDownError(_cut_short(payload)), redact)
-                    break
-                left = payload.tokens[shape.sent:]  # tokens whose text no chunk released
-                if left:
-                    yield {"data": json.dumps(shape.partial(
-                        "", left, (payload.logprobs or [])[shape.sent:]))}
-                yield {"data": json.dumps(shape.final("", payload, job.stopped_by,
-                                                      streamed=True))}
-                status = "200"
-                break
-            else:
-                status = "500"
-                yield _error_event(payload, redact)
-                break
-    finally:
-        job.cancel()  # the client left mid-stream (or the stream ended): stop within one step
-        metrics.requests.labels(request.url.path, status).inc()
+    def chunk(c):
+        yield {"data": json.dumps(shape.partial(c.text, c.tokens, c.logprobs, c.segments))}
+
+    def done(result):
+        left = result.tokens[shape.sent:]  # tokens whose text no chunk released
+        if left:
+            yield {"data": json.dumps(shape.partial("", left, (result.logprobs or [])[shape.sent:]))}
+        yield {"data": json.dumps(shape.final("", result, job.stopped_by, streamed=True))}
+
+    return stream(job, request, metrics, chunk=chunk, done=done,
+                  failed=lambda e: [error_event(e, redact)])
 
 
 # -------------------------------------------------------------------------------------------------
@@ -493,12 +426,6 @@ async def apply_template(body: ChatCompletionRequest, request: HttpRequest):
 
 @router.get("/props")
 async def props(request: HttpRequest):
-    import importlib.metadata
-
-    import llama_cpp
-
-    from ..options.rule import rule_of
-
     engine = _engine(request)
     config = request.app.state.config
     model, defaults = engine.verifier.model, config.defaults
@@ -506,10 +433,6 @@ async def props(request: HttpRequest):
     def text(token: int) -> str:
         return model.token_text(token).decode("utf-8", "replace") if token >= 0 else ""
 
-    try:
-        version = importlib.metadata.version("cactus-gguf")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree
-        version = "source"
     return {"default_generation_settings": {"n_ctx": engine.verifier.n_ctx,
                                             "params": generation_settings(defaults)},
             "total_slots": 1, "model_alias": config.model_id,
@@ -520,8 +443,7 @@ async def props(request: HttpRequest):
             "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": True,
             "ui": True, "chat_template": model.chat_template() or "",
             "bos_token": text(model.bos), "eos_token": text(model.eos),
-            "build_info": f"cactus-gguf {version} (llama-cpp-python "
-                          f"{llama_cpp.__version__})",
+            "build_info": build_info(),
             "is_sleeping": False,
             # this server's own: the speculation every request gets unless it says otherwise
             "speculative": rule_of(defaults),

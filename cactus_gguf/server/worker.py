@@ -43,8 +43,9 @@ class ShuttingDownError(CapacityError):
 class Job:
     """One request for the engine: a prompt (text, token ids, or chat messages) and its Request.
 
-    ``events`` receives ("started", None), then ("chunk", Chunk) ..., then ("done",
-    GenerationResult) or ("error", exception), on the event loop that created the job.
+    ``events`` receives ("started", None) (after ``prepare``, when given), then ("chunk",
+    Chunk) ..., then ("done", GenerationResult) or ("error", exception), on the event loop that
+    created the job.
     ``stopped_by``: why it ended early ("cancelled": the client left, "timeout", "shutdown"),
     else "".
     """
@@ -54,6 +55,10 @@ class Job:
     chat: bool
     loop: asyncio.AbstractEventLoop
     deadline: float
+    # run on the worker before the job starts, with the engine: (prompt, request) from what the
+    # loaded models know (a chat template with tools, a FIM prompt, tokens); its InputError
+    # refuses the job as any other error before the first step does
+    prepare: Callable[[Any], tuple[Any, Any]] | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     stopped_by: str = ""
@@ -188,6 +193,8 @@ class Worker:
         result = None
         self._running = job
         try:
+            if job.prepare is not None:
+                job.prompt, job.request = job.prepare(self.engine)
             prompt = self.engine.format_chat(job.prompt) if job.chat else job.prompt
             stream = self.engine.stream(prompt, job.request, cancel=job.should_stop)
             job.put("started", None)

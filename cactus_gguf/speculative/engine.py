@@ -371,7 +371,7 @@ class Engine:
             raise ContextLengthError(
                 f"the prompt is {len(tokens)} tokens and {{n_ctx}} is {ver.n_ctx}: raise {{n_ctx}} "
                 f"above {len(tokens)} or shorten the prompt by {len(tokens) - ver.n_ctx + 1} "
-                "tokens", param="n_ctx")
+                "tokens", param="n_ctx", n_prompt_tokens=len(tokens), n_ctx=ver.n_ctx)
         acceptance = acceptance_params(req, self._end_mask(req))
         seed = req.seed if req.seed >= 0 else secrets.randbits(32)
         drafter = None
