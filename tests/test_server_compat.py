@@ -1,0 +1,269 @@
+"""llama-server's routes and fields on ``cactus-gguf serve`` (issue 51), on tiny GGUF models with
+real HTTP clients: the routes without ``/v1``, ``/v1/health``, the token counts, bodies sent
+without a JSON Content-Type, OpenAI answers with ``system_fingerprint`` and ``timings``, the first
+chat chunk's ``content`` null, llama-server's error shapes (401, a prompt over the context), and
+the Responses and Anthropic Messages APIs through the official ``openai`` and ``anthropic``
+clients, tool calls included."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from support.server import LiveServer, client, sse_events
+from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama
+
+from test_toolcalls import HERMES_TEMPLATE, SCHEMAS, TOOLS
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("compat")
+    return {"ver": write_llama(d / "ver.gguf", seed=11, zero_output_rows=[EOS],
+                               chat_template=CHAT_TEMPLATE),
+            "hermes": write_llama(d / "hermes.gguf", seed=11, zero_output_rows=[EOS],
+                                  chat_template=HERMES_TEMPLATE)}
+
+
+@pytest.fixture(scope="module")
+def server(files):
+    with LiveServer(files["ver"], files["ver"], "-t", "1", "-c", "256", "-k", "4", "-n", "8",
+                    "--temp", "0") as s:
+        yield s
+    assert s.returncode == 0 and not any("Traceback" in ln for ln in s.stderr_lines), \
+        s.stderr_lines
+
+
+@pytest.fixture(scope="module")
+def tool_server(files):
+    with LiveServer(files["hermes"], files["hermes"], "-t", "1", "-c", "1024", "-k", "4",
+                    "-n", "200", "--temp", "0.8") as s:
+        yield s
+    assert s.returncode == 0 and not any("Traceback" in ln for ln in s.stderr_lines), \
+        s.stderr_lines
+
+
+HELLO = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "seed": 1}
+
+
+def post(server, path, body, **kw) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=120, **kw)
+
+
+def test_the_routes_without_v1_answer_as_those_with_it(server):
+    with_v1 = post(server, "/v1/chat/completions", HELLO).json()
+    without = post(server, "/chat/completions", HELLO).json()
+    assert without["choices"][0]["message"] == with_v1["choices"][0]["message"]
+    assert without["object"] == "chat.completion"
+    models = httpx.get(server.url + "/models").json()
+    assert models == httpx.get(server.url + "/v1/models").json()
+    assert models["data"][0]["id"]
+    assert httpx.get(server.url + "/v1/health").json() == {"status": "ok"}
+
+
+def test_the_input_token_count_is_the_prompt_the_chat_decodes(server):
+    counted = post(server, "/chat/completions/input_tokens", HELLO).json()
+    answer = post(server, "/v1/chat/completions", HELLO).json()
+    assert counted == {"input_tokens": answer["usage"]["prompt_tokens"]}
+    assert post(server, "/v1/chat/completions/input_tokens", HELLO).json() == counted
+    anthropic = post(server, "/v1/messages/count_tokens", HELLO).json()
+    responses = post(server, "/v1/responses/input_tokens",
+                     {"input": [{"role": "user", "content": "hello"}]}).json()
+    assert anthropic == counted
+    assert responses == {"object": "response.input_tokens", **counted}
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded",
+                                          None])
+def test_a_body_is_json_whatever_its_content_type(server, content_type):
+    headers = {"Content-Type": content_type} if content_type else {}
+    body = json.dumps({"prompt": "hello", "n_predict": 3})
+    r = httpx.post(server.url + "/completion", content=body, headers=headers, timeout=60)
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 3
+    r = httpx.post(server.url + "/v1/chat/completions", content=json.dumps(HELLO),
+                   headers=headers, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_openai_answers_carry_the_fingerprint_and_timings(server):
+    r = post(server, "/v1/chat/completions", HELLO).json()
+    assert r["system_fingerprint"].startswith("b")
+    assert r["timings"]["predicted_n"] == r["usage"]["completion_tokens"] == 6
+    assert r["timings"]["prompt_n"] + r["timings"]["cache_n"] == r["usage"]["prompt_tokens"]
+    c = client(server)
+    chunks = list(c.chat.completions.create(model="m", stream=True, **HELLO))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].choices[0].delta.content is None  # llama-server's and OpenAI's null
+    assert all(ch.system_fingerprint.startswith("b") for ch in chunks)
+    assert chunks[-1].model_extra["timings"]["predicted_n"] == 6
+
+
+def test_a_prompt_over_the_context_is_llama_servers_error_on_every_route(server):
+    long = "hello " * 400  # over -c 256
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": long}]})
+    e = r.json()["error"]
+    assert r.status_code == 400 and e["type"] == "exceed_context_size_error"
+    assert e["code"] == "context_length_exceeded" and e["n_ctx"] == 256
+    assert e["n_prompt_tokens"] > 256
+    r = post(server, "/completion", {"prompt": long})
+    e = r.json()["error"]
+    assert r.status_code == 400 and e["type"] == "exceed_context_size_error" and e["code"] == 400
+    assert e["n_ctx"] == 256 and e["n_prompt_tokens"] > 256
+
+
+def test_a_wrong_key_is_an_authentication_error_on_every_route(files):
+    with LiveServer(files["ver"], "-t", "1", "--method", "none", "--api-key", "k3y",
+                    "-n", "2") as s:
+        for path in ("/v1/chat/completions", "/chat/completions", "/completion",
+                     "/v1/messages", "/v1/responses"):
+            r = post(s, path, HELLO)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert httpx.get(s.url + "/v1/health").status_code == 200  # public, as llama-server's
+        assert httpx.get(s.url + "/models").status_code == 401
+        ok = post(s, "/v1/chat/completions", HELLO, headers={"x-api-key": "k3y"})
+        assert ok.status_code == 200
+
+
+# ---- the Responses API --------------------------------------------------------------------------
+
+RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
+
+
+def test_responses_text_streamed_and_not(server):
+    c = client(server)
+    r = c.responses.create(model="m", input="hello", max_output_tokens=6, temperature=0)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[0].type == "message" and r.output_text
+    assert r.usage.output_tokens == 6 and r.model_extra["speculative"]["method"] == "cactus"
+    chat = post(server, "/v1/chat/completions", {**HELLO, "temperature": 0}).json()
+    assert r.output_text == chat["choices"][0]["message"]["content"]
+    events = list(c.responses.create(model="m", input="hello", max_output_tokens=6,
+                                     temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.incomplete"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == \
+        r.output_text == events[-1].response.output_text
+    assert [e.sequence_number for e in events] == list(range(1, len(events) + 1))
+
+
+def test_responses_refuse_what_llama_server_refuses(server):
+    for body, param in (({"input": "hi", "previous_response_id": "resp_1"},
+                         "previous_response_id"),
+                        ({"input": [{"role": "user", "content": [
+                            {"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0"),
+                        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type")):
+        r = post(server, "/v1/responses", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_a_responses_tool_call_round_trip(tool_server):
+    c = client(tool_server)
+    first = c.responses.create(model="m", input="go", tools=RESPONSES_TOOLS,
+                               tool_choice="required", parallel_tool_calls=False, extra_body={"seed": 1})
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert first.status == "completed" and len(calls) == 1
+    call = calls[0]
+    assert json.loads(call.arguments).keys() <= SCHEMAS[call.name]["properties"].keys()
+    streamed = list(c.responses.create(model="m", input="go", tools=RESPONSES_TOOLS,
+                                       tool_choice="required", parallel_tool_calls=False,
+                                       extra_body={"seed": 1}, stream=True))
+    done = [e.item for e in streamed if e.type == "response.output_item.done"]
+    assert [(d.name, d.arguments) for d in done] == [(call.name, call.arguments)]
+    second = c.responses.create(
+        model="m", tools=RESPONSES_TOOLS, tool_choice="none", max_output_tokens=5, extra_body={"seed": 1},
+        input=[{"role": "user", "content": "go"},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name,
+                "arguments": call.arguments},
+               {"type": "function_call_output", "call_id": call.call_id, "output": "done"}])
+    assert [item.type for item in second.output] == ["message"] and second.output_text
+    # the call and its result are in the prompt: more tokens than the first turn's
+    assert second.usage.input_tokens > first.usage.input_tokens
+
+
+# ---- the Anthropic Messages API ---------------------------------------------------------------
+
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"],
+                    **({"description": t["function"]["description"]}
+                       if "description" in t["function"] else {})} for t in TOOLS]
+
+
+def anthropic_client(server, **kw):
+    import anthropic
+
+    return anthropic.Anthropic(base_url=server.url, api_key=kw.pop("api_key", "none"),
+                               max_retries=0, timeout=120, **kw)
+
+
+def test_anthropic_text_streamed_and_not(server):
+    c = anthropic_client(server)
+    m = c.messages.create(model="m", max_tokens=6, system="be brief",
+                          messages=[{"role": "user", "content": "hello"}])
+    assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 6
+    assert m.content[0].type == "text" and m.content[0].text
+    with c.messages.stream(model="m", max_tokens=6, system="be brief",
+                           messages=[{"role": "user", "content": "hello"}]) as s:
+        text = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert text == m.content[0].text == final.content[0].text
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 6
+
+
+def test_anthropic_stop_sequence_is_reported(server):
+    c = anthropic_client(server)
+    full = c.messages.create(model="m", max_tokens=8,
+                             messages=[{"role": "user", "content": "hello"}]).content[0].text
+    word = full[2:4]
+    m = c.messages.create(model="m", max_tokens=8, stop_sequences=[word],
+                          messages=[{"role": "user", "content": "hello"}])
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == word
+    assert m.content[0].text == full[:full.index(word)]
+
+
+def test_anthropic_errors_are_anthropics_shape(server):
+    import anthropic
+
+    c = anthropic_client(server)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "http://x"}}]}])
+    assert e.value.body["type"] == "error" and "messages.0.content.0" in \
+        e.value.body["error"]["message"]
+    r = post(server, "/v1/messages", {"max_tokens": 4, "messages": []})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_an_anthropic_tool_call_round_trip(tool_server):
+    c = anthropic_client(tool_server)
+    ask = [{"role": "user", "content": "go"}]
+    first = c.messages.create(model="m", max_tokens=200, messages=ask, tools=ANTHROPIC_TOOLS,
+                              tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                              metadata={"user_id": "u"}, extra_body={"seed": 1})
+    uses = [b for b in first.content if b.type == "tool_use"]
+    assert first.stop_reason == "tool_use" and len(uses) == 1
+    use = uses[0]
+    assert use.input.keys() <= SCHEMAS[use.name]["properties"].keys()
+    with c.messages.stream(model="m", max_tokens=200, messages=ask, tools=ANTHROPIC_TOOLS,
+                           tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                           extra_body={"seed": 1}) as s:
+        streamed = s.get_final_message()
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == \
+        [(use.name, use.input)]
+    second = c.messages.create(model="m", max_tokens=5, tools=ANTHROPIC_TOOLS,
+                               tool_choice={"type": "none"}, extra_body={"seed": 1},
+                               messages=[*ask, {"role": "assistant", "content": first.content},
+                                         {"role": "user", "content": [
+                                             {"type": "tool_result", "tool_use_id": use.id,
+                                              "content": "done"}]}])
+    assert [b.type for b in second.content] == ["text"]
+    assert second.usage.input_tokens > first.usage.input_tokens
+
+
+def test_a_streamed_anthropic_reply_ends_with_its_events(server):
+    with httpx.stream("POST", server.url + "/v1/messages", timeout=60, json={
+            "max_tokens": 4, "stream": True,
+            "messages": [{"role": "user", "content": "hello"}]}) as r:
+        events = [json.loads(d)["type"] for d in sse_events(r)]
+    assert events[0] == "message_start" and events[1] == "content_block_start"
+    assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
