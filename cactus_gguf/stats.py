@@ -75,8 +75,11 @@ class GenerationStats:
     context", "draft context full", "a token the draft's vocabulary lacks").
     draft_vocab: how the draft's tokens reached the verifier (``same``, ``map``, ``intersect``,
     ``text``; None without a draft model); coverage_sum / n_coverage: see ``vocab_coverage``.
+    n_device_steps: verification steps whose rows came from the device's top-K
+    (``backend_sampling``, speculative/device.py), of which n_device_fallbacks were decoded again
+    in full (a tie at the K-th logit); ``backend_sampling_used`` says whether any step used them.
     ``decode_seconds`` excludes prompt processing (``prefill_seconds``: both models' prompt
-    decodes). ``grammar_seconds``: time in the grammar engine (masks, advances, rollbacks) of a
+    decodes, a draft's deferred to its first drafting step included: ``-k auto``). ``grammar_seconds``: time in the grammar engine (masks, advances, rollbacks) of a
     constrained generation, inside draft and accept time; ``grammar_ms_per_token`` per emitted token.
     """
 
@@ -109,6 +112,8 @@ class GenerationStats:
     draft_vocab: str | None = None
     coverage_sum: float = 0.0
     n_coverage: int = 0
+    n_device_steps: int = 0
+    n_device_fallbacks: int = 0
 
     def add_coverage(self, mass: float) -> None:
         """One step's Σ q over the verifier ids a foreign draft can propose."""
@@ -210,6 +215,13 @@ class GenerationStats:
         return 1e3 * self.accept_seconds / self.n_steps if self.n_steps else 0.0
 
     @property
+    def backend_sampling_used(self) -> bool:
+        """Whether the device's top-K rows decided a step (``backend_sampling``: at least one
+        verification step read them, not decoded again in full); False when every step read the
+        full rows (backend sampling off, or not applicable: docs/run.md "Warps on the device")."""
+        return self.n_device_steps > self.n_device_fallbacks
+
+    @property
     def other_seconds(self) -> float:
         """Decode time outside the model calls and the native acceptance step: loop overhead."""
         return max(0.0, self.decode_seconds - self.draft_seconds - self.verify_seconds
@@ -219,7 +231,7 @@ class GenerationStats:
                "tokens_per_verifier_call", "tokens_per_second", "answer_seconds", "kl_mean",
                "output_kl_mean",
                "delta_mean", "vocab_coverage", "grammar_ms_per_token", "host_ms_per_step",
-               "other_seconds")
+               "backend_sampling_used", "other_seconds")
 
     def as_dict(self) -> dict:
         """Every counter and derived figure, JSON-ready."""
@@ -237,8 +249,9 @@ class GenerationResult:
     end-of-generation token is not among them; the token that completed a stop string is).
     stop_reason: "eos", "length" (n_predict reached, or the context full: see ``message``) or
     "stop" ("interrupted" for a partial result). seed: the seed used (drawn when the request gave
-    none). logprobs: one speculative.logprobs.TokenLogprob per token of ``tokens`` when the request
-    asked (``n_probs``), else None.
+    none). logprobs: one speculative.logprobs.TokenLogprob per token of ``text`` when the request
+    asked (``n_probs``), else None: every token of ``tokens``, but after a stop string only those
+    wholly before it (the text returned; speculative/session.py ``tokens_within``).
     """
 
     text: str

@@ -222,3 +222,30 @@ def test_first_emitted_token_follows_the_sps_law_on_the_device(tiny_pair):
     assert counts[~support].sum() == 0
     exp = expected[support] / expected[support].sum() * counts.sum()
     assert stats.chisquare(counts[support], exp).pvalue > ALPHA
+
+
+def test_the_statistics_say_whether_the_device_rows_were_used(tiny_pair, tied_pair):
+    """Issue 52: ``--json`` did not say whether ``--backend-sampling`` was used (it falls back to
+    the full rows silently under ``auto``: a grammar, log-probabilities, top-k 0 ...)."""
+    with make_engine(*tiny_pair, temp=0.8, top_k=20, k=4, method="sps",
+                     context=CTX) as eng:
+        on = eng.generate(PROMPT, n_predict=16, seed=1, backend_sampling="on").stats
+        off = eng.generate(PROMPT, n_predict=16, seed=1, backend_sampling="off").stats
+        logprobs = eng.generate(PROMPT, n_predict=16, seed=1, backend_sampling="auto",
+                                n_probs=1).stats
+    assert (on.n_device_steps, on.n_device_fallbacks) == (on.n_steps, 0)
+    assert on.backend_sampling_used is True and on.as_dict()["backend_sampling_used"] is True
+    for s in (off, logprobs):
+        assert (s.n_device_steps, s.backend_sampling_used) == (0, False)
+    with make_engine(*tied_pair, temp=0.8, top_k=110, k=2, method="sps", context=CTX) as eng:
+        tied = eng.generate(PROMPT, n_predict=30, seed=0, backend_sampling="on").stats
+    assert tied.n_device_steps == tied.n_steps and 0 < tied.n_device_fallbacks
+    assert tied.backend_sampling_used == (tied.n_device_fallbacks < tied.n_steps)
+    from support.harness import run_cli
+    import json
+
+    r = run_cli("run", str(tiny_pair[0]), str(tiny_pair[1]), "-p", PROMPT, "-n", "8", "-t", "1",
+                "-c", "256", "--top-k", "20", "--backend-sampling", "on", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["backend_sampling_used"] is True and out["n_device_steps"] == out["n_steps"]

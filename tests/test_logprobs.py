@@ -116,3 +116,47 @@ def test_bad_n_probs_are_refused():
         with pytest.raises(InputError) as e:
             Request(n_probs=bad)
         assert e.value.param == "n_probs"
+
+
+# ---- the tokens of the text returned (issue 52 item 6) -------------------------------------------
+
+def test_tokens_within_counts_the_tokens_wholly_inside_a_cut_text():
+    from cactus_gguf.speculative.session import tokens_within
+
+    pieces = [b"ab", b"\xc3", b"\xa9x", b"y"]  # "é" spans the 2nd and 3rd tokens
+    assert [tokens_within(pieces, n) for n in range(7)] == [0, 0, 1, 1, 3, 4, 4]
+    assert tokens_within([b" cat", b" sat"], len(" cat ")) == 1  # " sat" straddles the cut
+    assert tokens_within([b"\xff", b"a"], 1) == 1  # a bad byte is one character, U+FFFD
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory):
+    """A bigram pair (the draft is the verifier: every draft accepted) spelling
+    " cat sat on mat" after "▁the", then EOS."""
+    from support.tiny_gguf import EOS, WORDS, chain, write_llama
+
+    the, cat, sat, on, mat = (259 + WORDS.index(w) for w in ("▁the", "▁cat", "▁sat", "▁on",
+                                                              "▁mat"))
+    path = write_llama(tmp_path_factory.mktemp("script") / "s.gguf", seed=3,
+                       bigram=chain([the, cat, sat, on, mat, EOS]))
+    with make_engine(path, path, k=4, method="sps", temp=0.0) as eng:
+        yield eng, [1, the]
+
+
+@pytest.mark.parametrize("stop,text,pieces", [
+    ("sat", " cat ", [b" cat"]),           # the cut splits " sat": it is not the text's
+    (" on", " cat sat", [b" cat", b" sat"]),  # the cut falls between two tokens
+    ("ca", " ", []),                        # the first token straddles the cut
+])
+def test_logprobs_stop_with_the_text_before_a_stop_string(scripted, stop, text, pieces):
+    """Issue 52 item 6: the stop string's tokens were among the log-probabilities (their text
+    joined to ... "sat"); now they cover the tokens of the text returned, streamed or not."""
+    eng, prompt = scripted
+    r = eng.generate(prompt, n_predict=8, seed=1, stop=stop, n_probs=1)
+    assert r.text == text and r.stop_reason == "stop"
+    assert [lp.piece for lp in r.logprobs] == pieces
+    assert len(r.tokens) > len(pieces)  # the tokens themselves still hold the stop's
+    stream = eng.stream(prompt, n_predict=8, seed=1, stop=stop, n_probs=1)
+    chunks = list(stream.chunks())
+    assert [lp.piece for c in chunks for lp in c.logprobs] == pieces
+    assert stream.result.logprobs == r.logprobs

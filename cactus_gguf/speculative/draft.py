@@ -7,6 +7,7 @@ V = the verifier's vocabulary size, V_d = a draft's (its rows), k = draft length
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -149,6 +150,10 @@ class SamplingDrafter:
     #: step, only for a drafter whose ``device_rows`` is true), else 0
     device_k: int = 0
     device_rows = False  # whether its rows may come from the device: same ids as the verifier
+    #: the prompt tokens (in the model's context) a lazy ``reset`` left to the first ``_start``,
+    #: and the seconds that decode took (prompt processing: the step moves them there, step.py)
+    deferred_prompt = 0
+    late_prefill_seconds = 0.0
     # -- what a subclass provides --------------------------------------------------------------
 
     def _start(self, committed: Sequence[int]) -> np.ndarray | None:
@@ -210,7 +215,11 @@ class SamplingDrafter:
         Raises what NativeSampler.draft and the model's decodes raise (EngineError)."""
         if not plan.uses("model"):
             return Draft.empty()  # pending tokens wait: the next step that drafts decodes them
+        t0, deferred = time.perf_counter(), self.ctx.n_past < self.deferred_prompt
         row = self._start(committed)
+        if deferred:  # that decode held the prompt a lazy reset deferred (and the tokens since)
+            self.late_prefill_seconds += time.perf_counter() - t0
+            self.deferred_prompt = 0
         if row is None:
             return Draft.empty()
         k, sampler = plan.k, self._sampler(sampler)

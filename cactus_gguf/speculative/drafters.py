@@ -98,6 +98,7 @@ class ModelDrafter(SamplingDrafter):
             self.ctx.clear()
             return None
         held = prompt[self.offset:-1]
+        self.deferred_prompt = len(held) if lazy else 0
         if lazy:
             n = self.ctx.shared_prefix(held) if reuse else 0
             return self.ctx.sync(held[:n], reuse=True)

@@ -301,6 +301,7 @@ class ForeignDrafter(SamplingDrafter):
             self.ctx.clear()
             return None
         held = seq[:-1]
+        self.deferred_prompt = len(held) if lazy else 0
         if lazy:
             n = self.ctx.shared_prefix(held) if reuse else 0
             return self.ctx.sync(held[:n], reuse=True)

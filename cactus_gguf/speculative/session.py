@@ -8,17 +8,18 @@ it resumes another one).
 """
 from __future__ import annotations
 
+import codecs
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from ..stats import GenerationResult, GenerationStats
 from ..text import TextStream
 from .drafters import Drafter
 from .policy import DraftPolicy
 
-__all__ = ["Session", "Chunk"]
+__all__ = ["Session", "Chunk", "tokens_within"]
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +28,31 @@ log = logging.getLogger(__name__)
 SOURCES = ("draft", "residual", "bonus", "verifier")
 
 
+def tokens_within(pieces: Iterable[bytes], n_chars: int) -> int:
+    """How many of the leading tokens (``pieces``: each one's bytes, in order) lie wholly within
+    the first ``n_chars`` characters of their text (UTF-8, a bad byte U+FFFD, as TextStream
+    decodes): the tokens of that text when it is cut there (before a stop string, at an early
+    stop). A token holding the first bytes of a character counts only with the token that
+    completes it; a token whose text straddles the cut does not count."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    chars = n = 0
+    for i, data in enumerate(pieces):
+        chars += len(decoder.decode(data))
+        if chars > n_chars:
+            break
+        if not decoder.getstate()[0]:  # no character left unfinished
+            n = i + 1
+    return n
+
+
 @dataclass(frozen=True)
 class Chunk:
     """Text one step released: ``text`` (whole UTF-8 characters, never part of a stop string) and
     ``segments``, the same text as (text, source) runs, each character attributed to the token that
     completed it, source one of ``SOURCES``. ``tokens``: the ids emitted since the previous chunk
     (a token whose text was held back comes with the chunk that releases it); ``logprobs``: theirs
-    (logprobs.TokenLogprob, one per token) when the request asked (``n_probs``), else ()."""
+    (logprobs.TokenLogprob, one per token) when the request asked (``n_probs``), else (); after a
+    stop string, only the tokens of the text before it have theirs (``Session.n_text_tokens``)."""
 
     text: str
     segments: tuple[tuple[str, str], ...]
@@ -73,12 +92,17 @@ class Session:
         self.t_prefill = 0.0  # when prompt processing began
         self.t_start = 0.0    # when decoding began (after it)
         self.q_buffer = None  # float32 [V]: a foreign draft's coverage measurement (step.py)
-        #: the request's top-K when its rows come from the device (speculative/device.py), else 0;
-        #: device_fallbacks: the steps whose rows were decoded again in full (a tie at the K-th)
+        #: the request's top-K when its rows come from the device (speculative/device.py), else 0
+        #: (the steps that used them: stats.n_device_steps, n_device_fallbacks)
         self.device_top_k = 0
-        self.device_fallbacks = 0
         self.logprobs = None  # a LogprobReader when the request asks for n_probs (logprobs.py)
         self.token_logprobs: list = []  # one TokenLogprob per emitted token (when asked)
+        #: the emitted tokens the returned text holds: all of them, except after a stop string
+        #: (then those wholly before it: ``tokens_within``); what the log-probabilities cover
+        self.n_text_tokens: int | None = None
+        #: the draft's prompt decoded late (``reset(lazy=True)``: at the first step that drafts),
+        #: seconds: prompt processing, not decoding (step.py moves it out of the step's time)
+        self.late_prefill_seconds = 0.0
         self.scope = None  # a CodeScope when the top gap applies to code only (scope.py)
         self._chunked = 0  # emitted tokens handed out in chunks
 
@@ -118,6 +142,8 @@ class Session:
             if self.text.stopped:
                 self.stop_reason, self.finished = "stop", True
                 self.message = f"stop string {self.text.matched_stop!r}"
+                self.n_text_tokens = tokens_within(map(piece, self.out_tokens),
+                                                   len(self.text.text))
                 break
             if self.limit_reached:
                 self.stop_reason, self.finished = "length", True
@@ -141,14 +167,14 @@ class Session:
             return None
         done, self._chunked = self._chunked, len(self.out_tokens)
         return Chunk(text, tuple(self.text.take_segments()), tuple(self.out_tokens[done:]),
-                     tuple(self.token_logprobs[done:]))
+                     tuple(self.token_logprobs[done:self.n_text_tokens]))
 
     def finish(self) -> list[str]:
         """Close the generation: release the held text and build ``result``."""
         tail = self.text.finish() if self.stop_reason != "interrupted" else ""
         now = time.perf_counter()
         if self.started:
-            self.stats.decode_seconds = now - self.t_start
+            self.stats.decode_seconds = now - self.t_start - self.late_prefill_seconds
         else:  # cut short while the prompt was processed (or before): no decoding yet
             self.stats.prefill_seconds = now - self.t_prefill if self.t_prefill else 0.0
             self.stats.decode_seconds = 0.0
@@ -161,6 +187,6 @@ class Session:
         self.result = GenerationResult(text=self.text.text, tokens=self.out_tokens,
                                        stop_reason=self.stop_reason, stats=self.stats,
                                        seed=self.seed, message=self.message, n_ctx=self.n_ctx,
-                                       logprobs=self.token_logprobs if self.logprobs is not None
-                                       else None)
+                                       logprobs=self.token_logprobs[:self.n_text_tokens]
+                                       if self.logprobs is not None else None)
         return [tail] if tail else []

@@ -50,6 +50,9 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
 
     t_draft = time.perf_counter()
     proposal = _propose(session, plan)
+    late = _late_prefill(session.drafter)  # the draft's prompt, decoded at its first draft:
+    session.late_prefill_seconds += late  # prompt processing, not this step's (session.py)
+    session.stats.prefill_seconds += late
     legal = proposal  # a deterministic proposal: up to the first token the grammar refuses
     if grammar is not None and proposal.deterministic:
         legal = proposal.prefix(grammar.extend(proposal.tokens, len(proposal)))
@@ -63,10 +66,11 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
     t_accept = time.perf_counter()
     verdict = None
     if top_k:  # on the rows from the device's top-K (device.py), or all in full again after a tie
+        session.stats.n_device_steps += 1
         verdict = _accept_rows(session, draft, ver, top_k)
         if verdict is None:
             logits = ver.decode_full_again()
-            session.device_fallbacks += 1
+            session.stats.n_device_fallbacks += 1
     if session.drafter is not None and session.drafter.shared_v is not None:
         session.stats.add_coverage(_coverage(session, logits[0], session.drafter.shared_v))
     if verdict is None:
@@ -87,7 +91,7 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
     # token included, drafts after a completed stop string not)
     used = len(committed) - n_before + (1 if session.stop_reason == "eos" else 0)
     outcome = StepOutcome(proposal.lookup, proposal.n_forwards, len(draft), verdict,
-                          min(n_acc, used), t_verify - t_draft, t_accept - t_verify,
+                          min(n_acc, used), t_verify - t_draft - late, t_accept - t_verify,
                           t_end - t_accept)
     policy.observe(legal, outcome)
     session.stats.add_step(outcome)
@@ -116,6 +120,16 @@ def _propose(session: Session, plan: DraftPlan) -> Draft:
         return Draft.empty()
     return drafter.propose(committed, plan.at_most(room), session.sampler,
                            grammar=session.constraint)
+
+
+def _late_prefill(drafter) -> float:
+    """Seconds the drafter's last proposal spent decoding the prompt it deferred
+    (``reset(lazy=True)``, draft.py), taken from it; 0.0 for a drafter that defers none."""
+    model = getattr(drafter, "model", drafter)  # a hybrid drafter's model
+    seconds = getattr(model, "late_prefill_seconds", 0.0)
+    if seconds:
+        model.late_prefill_seconds = 0.0
+    return seconds
 
 
 def _on_device(ver: Context, session: Session) -> int:
