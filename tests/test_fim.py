@@ -140,7 +140,10 @@ def test_infill_answers_as_llama_server(server):
     assert 0 < a["tokens_predicted"] <= 24
     assert a["prompt"].startswith("<|repo_name|>") and a["prompt"].endswith("<|fim_middle|>")
     assert "<|file_sep|> util.py" in a["prompt"]
-    assert a["tokens_cached"] == a["tokens_evaluated"] + a["tokens_predicted"]
+    # the caches hold every token generated; an early stop returns those of its text only
+    assert a["tokens_cached"] >= a["tokens_evaluated"] + a["tokens_predicted"]
+    if a["stop_type"] != "limit":
+        assert a["tokens_cached"] == a["tokens_evaluated"] + a["tokens_predicted"]
     assert a["generation_settings"]["samplers"] == ["top_k", "top_p"]  # as llama-server: no temp
     assert a["generation_settings"]["temperature"] == 1.0
     t = a["timings"]
@@ -216,3 +219,36 @@ def test_a_model_without_fim_tokens_is_a_one_line_400(files):
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "a", "suffix": "b"}, timeout=60)
         assert r.status_code == 400 and "no fill-in-the-middle" in r.json()["error"]["message"]
     assert s.returncode == 0
+
+
+def test_an_early_stop_reports_the_tokens_of_the_text_it_returns(model, monkeypatch):
+    """Issue 52 item 5: a cut inside a speculative step trimmed its text, not its ids: content
+    "if n == 0:\n" with every generated token in ``tokens``, ``tokens_predicted`` and
+    ``timings.predicted_n``. Now those are the tokens of the text returned (t_max_predict_ms and
+    n_indent alike); ``tokens_cached`` stays what the caches hold."""
+    from cactus_gguf.options import Request
+    from cactus_gguf.server.fim import InfillRequest, _Infill
+    from cactus_gguf.stats import GenerationResult, GenerationStats
+
+    whole = "if n == 0:\n    return 1\nx = 2\n"
+    ids = [9 + b for b in whole.encode()]  # byte tokens (after the 6 FIM controls)
+    assert b"".join(model.token_to_piece(t) for t in ids) == whole.encode()
+    result = GenerationResult(text=whole, tokens=ids, stop_reason="length", seed=0,
+                              stats=GenerationStats(n_tokens=len(ids), decode_seconds=0.5))
+    now = [10.0]
+    monkeypatch.setattr("cactus_gguf.server.fim.time.perf_counter", lambda: now[0])
+    for limits, pieces, text in (
+            (_LineLimits(100, None), ["if n", whole[4:]], "if n == 0:\n"),
+            (_LineLimits(None, 4), [whole, ""], "if n == 0:\n    return 1\n")):
+        sent = limits.take(pieces[0])
+        now[0] += 1.0  # past t_max_predict_ms
+        sent += limits.take(pieces[1])
+        assert sent == text and limits.stop_type == "limit"
+        body = InfillRequest(input_prefix="", input_suffix="", return_tokens=True)
+        shape = _Infill(body, Request(), "m", "p", 7, lambda r: {}, model.token_to_piece)
+        out = shape.final(sent, result, limits, "")
+        n = len(text)
+        assert out["content"] == text and out["tokens"] == ids[:n]
+        assert out["tokens_predicted"] == out["timings"]["predicted_n"] == n
+        assert out["timings"]["predicted_per_token_ms"] == pytest.approx(500.0 / n)
+        assert out["tokens_cached"] == 7 + len(ids)
