@@ -138,16 +138,62 @@ def test_chat_logprobs_cover_every_token_accepted_drafts_included(server):
     assert chat(server).json()["choices"][0]["logprobs"] is None  # not asked: none
 
 
-def test_logprobs_are_the_warped_law_unless_post_sampling_probs_is_false(server):
-    greedy = chat(server, logprobs=True, top_logprobs=5, temperature=0).json()
-    for e in greedy["choices"][0]["logprobs"]["content"]:  # q one-hot: log 1, no alternative
-        assert e["logprob"] == 0.0 and [t["token"] for t in e["top_logprobs"]] == [e["token"]]
-    raw = chat(server, logprobs=True, top_logprobs=5, temperature=0,
-               post_sampling_probs=False).json()
-    assert raw["choices"][0]["message"] == greedy["choices"][0]["message"]  # the same text
+def test_logprobs_are_the_raw_log_softmax_unless_post_sampling_probs_is_true(server):
+    """Issue 52: the OpenAI routes gave the post-warp law by default (all 0.0 at temperature 0);
+    llama-server's default and OpenAI's are the model's own log-probabilities."""
+    raw = chat(server, logprobs=True, top_logprobs=5, temperature=0).json()
     for e in raw["choices"][0]["logprobs"]["content"]:  # the raw log-softmax: every token has one
         assert e["logprob"] < 0 and len(e["top_logprobs"]) == 5
         assert e["top_logprobs"][0]["token"] == e["token"]  # greedy: the top raw logit
+    assert chat(server, logprobs=True, top_logprobs=5, temperature=0,
+                post_sampling_probs=False).json()["choices"][0]["logprobs"] == \
+        raw["choices"][0]["logprobs"]
+    greedy = chat(server, logprobs=True, top_logprobs=5, temperature=0,
+                  post_sampling_probs=True).json()  # the opt-in: q, after the warps
+    assert raw["choices"][0]["message"] == greedy["choices"][0]["message"]  # the same text
+    for e in greedy["choices"][0]["logprobs"]["content"]:  # q one-hot: log 1, no alternative
+        assert e["logprob"] == 0.0 and [t["token"] for t in e["top_logprobs"]] == [e["token"]]
+    legacy = httpx.post(server.url + "/v1/completions", timeout=120, json={
+        "prompt": "the cat", "max_tokens": 6, "seed": 1, "temperature": 0, "logprobs": 1}).json()
+    assert all(v < 0 for v in legacy["choices"][0]["logprobs"]["token_logprobs"])
+
+
+def _whole_tokens(entries, text: str) -> list[str]:
+    """The most leading entries whose bytes, decoded, are a prefix of ``text``: its whole
+    tokens."""
+    n = max(i for i in range(len(entries) + 1) if text.startswith(
+        b"".join(bytes(e["bytes"]) for e in entries[:i]).decode("utf-8", errors="replace")))
+    return [e["token"] for e in entries[:n]]
+
+
+def test_logprobs_end_with_the_text_before_a_stop_string(server):
+    """Issue 52 item 6: with a stop string the content ends before it, and the log-probabilities
+    covered its tokens too; now they are the tokens of the text returned, on every route (streamed:
+    tests/test_logprobs.py, the engine's chunks)."""
+    base = dict(temperature=0, seed=1, max_tokens=16)
+    whole = chat(server, logprobs=True, **base).json()["choices"][0]
+    text, entries = whole["message"]["content"], whole["logprobs"]["content"]
+    stop = text[6:9]
+    cut = text[:text.index(stop)]
+    expected = _whole_tokens(entries, cut)
+    assert 0 < len(expected) < len(entries) == len(_whole_tokens(entries, text))
+    got = chat(server, logprobs=True, stop=[stop], **base).json()["choices"][0]
+    assert got["message"]["content"] == cut and got["finish_reason"] == "stop"
+    assert [e["token"] for e in got["logprobs"]["content"]] == expected
+    c = client(server)
+    # /v1/completions and /completion, on their prompt
+    plain = c.completions.create(model="x", prompt="the cat", logprobs=0, **base).choices[0]
+    entries = plain.logprobs.model_extra["content"]
+    stop = plain.text[6:9]
+    cut = plain.text[:plain.text.index(stop)]
+    expected = _whole_tokens(entries, cut)
+    one = c.completions.create(model="x", prompt="the cat", logprobs=0, stop=[stop],
+                               **base).choices[0]
+    assert one.text == cut and one.logprobs.tokens == expected
+    native = dict(prompt="the cat", n_predict=16, temperature=0, seed=1, n_probs=1, stop=[stop])
+    r = post(server, "/completion", native).json()
+    assert r["content"] == cut
+    assert [p["token"] for p in r["completion_probabilities"]] == expected
 
 
 def test_completion_logprobs_have_openais_legacy_shape(server):
@@ -287,7 +333,8 @@ def test_completion_stop_words_and_response_fields(server):
     picked = post(server, "/completion", {"prompt": "the cat", "n_predict": 3,
                                           "response_fields": ["content", "timings/predicted_n",
                                                               "nothing"]}).json()
-    assert set(picked) == {"content", "predicted_n"} and picked["predicted_n"] == 3
+    # keyed by the whole path, as llama-server's json_get_nested_values
+    assert set(picked) == {"content", "timings/predicted_n"} and picked["timings/predicted_n"] == 3
 
 
 @pytest.mark.parametrize("fields,param", [
@@ -343,9 +390,30 @@ def test_apply_template_renders_the_ggufs_template(server):
                                                       {"role": "user", "content": "hi"}]})
     assert r.json() == {"prompt": "system: Be brief.\nuser: hi\nassistant:"}, r.text
     llama_error(post(server, "/apply-template", {"messages": []}), 400, "messages")
-    llama_error(post(server, "/apply-template", {  # not rendered: refused, not dropped
+    llama_error(post(server, "/apply-template", {  # a template without tools: refused
         "messages": [{"role": "user", "content": "hi"}],
         "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}), 400)
+
+
+def test_a_final_assistant_message_is_continued_as_llama_server_prefills(server):
+    hi = [{"role": "user", "content": "hi"}]
+    then = [*hi, {"role": "assistant", "content": "The"}]
+
+    def prompt(**kw):
+        return post(server, "/apply-template", kw).json()["prompt"]
+
+    assert prompt(messages=then) == "user: hi\nassistant:The"  # left open: continued
+    closed = prompt(messages=then, continue_final_message=False)
+    assert closed.startswith("user: hi\nassistant: The\n") and closed.endswith("assistant:")
+    assert prompt(messages=hi, add_generation_prompt=False) == "user: hi\n"
+    llama_error(post(server, "/apply-template", {"messages": hi, "continue_final_message": True}),
+                400, "continue_final_message")
+    # the chat decodes that prompt: its answer continues "The"
+    r = post(server, "/v1/chat/completions", {"messages": then, "max_tokens": 3, "seed": 1,
+                                              "temperature": 0}).json()
+    alone = post(server, "/completion", {"prompt": "user: hi\nassistant:The", "n_predict": 3,
+                                         "seed": 1, "temperature": 0}).json()
+    assert r["choices"][0]["message"]["content"] == alone["content"]
 
 
 def test_props_describe_the_server_without_its_paths(server, files):

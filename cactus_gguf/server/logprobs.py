@@ -9,11 +9,14 @@ Asking (``request_fields``, the Request's ``n_probs`` / ``post_sampling_probs``)
   ``post_sampling_probs``.
 
 The values (speculative/logprobs.py, docs/maths.md "Log-probabilities of what was emitted"): on
-the OpenAI endpoints ``log q``, the verifier's law after the request's warps and grammar, unless
-``post_sampling_probs`` is false (then the raw log-softmax, llama-server's ``/v1`` default); on
-``/completion`` llama-server's own default applies (raw ``logprob``; ``post_sampling_probs`` true:
-``prob`` of q). Under Cactus and the other relaxed rules they are the verifier's probabilities, not
-those of the mixture the tokens were drawn from.
+every endpoint by default the model's own log-probabilities, the raw log-softmax of the verifier's
+logits (llama-server's default, ``post_sampling_probs`` false, and what OpenAI clients expect: at
+temperature 0 too they are not all 0.0); ``post_sampling_probs: true`` (an extra field on the
+OpenAI endpoints, as on ``/completion``) gives ``log q``, the verifier's law after the request's
+warps and grammar (``/completion``: ``prob`` of q). Under Cactus and the other relaxed rules they
+are the verifier's probabilities, not those of the mixture the tokens were drawn from. They cover
+the tokens of the text returned: after a stop string, those wholly before it
+(speculative/session.py).
 
 Answer shapes: OpenAI's chat ``{"content": [{"token", "logprob", "bytes", "top_logprobs"}],
 "refusal": null}``; OpenAI's legacy completions ``{"tokens", "token_logprobs", "top_logprobs",
@@ -52,10 +55,10 @@ def _int(body, name: str, lo: int, hi: int) -> int | None:
     return value
 
 
-def request_fields(body, *, chat: bool, post_sampling: bool = True) -> dict[str, Any]:
+def request_fields(body, *, chat: bool, post_sampling: bool = False) -> dict[str, Any]:
     """The Request fields (``n_probs``, ``post_sampling_probs``) a body sets; {} when it asks for
-    no log-probabilities. ``post_sampling``: the endpoint's default of ``post_sampling_probs`` (true
-    on the OpenAI endpoints, false on llama-server's ``/completion``). InputError naming the field
+    no log-probabilities. ``post_sampling``: the endpoint's default of ``post_sampling_probs``
+    (false on every endpoint: the raw log-softmax, as llama-server). InputError naming the field
     for a bad value (``top_logprobs`` without ``logprobs``, a bool for a count, out of range)."""
     n = None
     if chat:

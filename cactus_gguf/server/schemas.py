@@ -275,10 +275,10 @@ def overrides(body: _Common) -> dict[str, Any]:
     elif speculative is True or speculative is None:
         pass
     out.update(constraint_fields(body))
-    # log-probabilities: OpenAI's logprobs / top_logprobs, llama-server's n_probs (whose
-    # /completion reads the raw log-softmax unless post_sampling_probs: POST_SAMPLING_PROBS)
+    # log-probabilities: OpenAI's logprobs / top_logprobs, llama-server's n_probs; every route
+    # reads the raw log-softmax unless post_sampling_probs is true (server/logprobs.py)
     out.update(logprob_fields(body, chat=isinstance(body, ChatCompletionRequest),
-                              post_sampling=getattr(body, "POST_SAMPLING_PROBS", True)))
+                              post_sampling=getattr(body, "POST_SAMPLING_PROBS", False)))
     return out
 
 
