@@ -178,6 +178,10 @@ def _plan(given: Mapping[str, Any], command: str) -> tuple[RunPlan, dict[str, An
                          param="model")
     request = Request(**_of_scope(values, "request"))  # k = 0: no speculation, no draft loaded
     load = LoadOptions(**_of_scope(values, "load"))
+    if request.k == "auto" and given.get("k_max") is None and request.k_max >= load.n_batch > 1:
+        # -k auto's default ceiling fits a small -b (as llama-server starts with any -b): the
+        # k + 1 verified tokens must go in one llama_decode; a -k-max given is checked as is
+        request = request.replace(k_max=load.n_batch - 1)
     validate_pairing(load, request)
     uses_draft = request.speculates and request.drafter in MODEL_DRAFTERS
     if uses_draft and draft is None:

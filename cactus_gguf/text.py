@@ -127,9 +127,10 @@ class TextStream:
 
 
 def render_chat(template: str | None, messages: Sequence[dict], *, bos: str, eos: str,
-                model_name: str = "the model") -> str:
+                model_name: str = "the model", add_generation_prompt: bool = True) -> str:
     """``messages`` ([{"role": ..., "content": ...}]) rendered with a GGUF's Jinja chat template,
-    ending with the assistant's turn opened (add_generation_prompt).
+    ending with the assistant's turn opened (``add_generation_prompt``; False: ending with the
+    last message).
 
     Raises InputError when there is no template or a message is malformed.
     """
@@ -147,7 +148,8 @@ def render_chat(template: str | None, messages: Sequence[dict], *, bos: str, eos
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(
                 m.get("content"), str):
             raise InputError(f"message {i} must be {{\"role\": str, \"content\": str}}, got {m!r}"[:200])
-    formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+    formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos,
+                                    add_generation_prompt=add_generation_prompt)
     return formatter(messages=list(messages)).prompt
 
 

@@ -267,3 +267,17 @@ def test_a_streamed_anthropic_reply_ends_with_its_events(server):
         events = [json.loads(d)["type"] for d in sse_events(r)]
     assert events[0] == "message_start" and events[1] == "content_block_start"
     assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+
+
+def test_a_small_batch_starts_with_k_auto_fitted_to_it():
+    """``serve -b 16`` starts, as llama-server does: -k auto's default ceiling (16) is lowered to
+    fit one llama_decode; a -k-max given that does not fit is still refused."""
+    from cactus_gguf.errors import InputError
+    from cactus_gguf.plan import plan_serve
+
+    given = {"model": "v.gguf", "model_draft": "d.gguf", "n_batch": 16}
+    request = plan_serve(given).run.request
+    assert request.k == "auto" and request.k_max == 15
+    assert plan_serve({**given, "n_batch": 512}).run.request.k_max == 16
+    with pytest.raises(InputError, match="must be below"):
+        plan_serve({**given, "k_max": 16})

@@ -242,7 +242,7 @@ class _Infill:
                "tokens_cached": self.n_prompt + s.n_tokens, "timings": times,
                "speculative": self.speculative(result)}
         if self.body.response_fields:
-            return response_fields(out, self.body.response_fields, key_by_path=True)
+            return response_fields(out, self.body.response_fields)
         return out
 
 

@@ -54,7 +54,8 @@ from .core import NotReadyError, not_ready, stream, submit
 from .http_errors import invalid_body, llama_error, llama_error_of
 from .logprobs import llama_probs
 from .report import build_info, speculative_block, timings
-from .schemas import ChatCompletionRequest, _Common, chat_messages, to_request
+from .prompts import chat_prompt
+from .schemas import ChatCompletionRequest, _Common, to_request
 from .worker import Job
 
 __all__ = ["router", "NATIVE_PATHS", "llama_error", "LlamaCompletionRequest"]
@@ -195,11 +196,10 @@ def stopping_word(result) -> str:
         return ""
 
 
-def response_fields(obj: dict, paths: list[str], key_by_path: bool = False) -> dict:
-    """llama-server's ``response_fields`` (json_get_nested_values): each path that exists; a
-    missing one is left out. ``a/b`` moves ``obj[a][b]`` to the top under the key ``b`` (the
-    completion endpoints), or under the key ``"a/b"`` itself with ``key_by_path`` (/infill:
-    what llama.vim reads as ``"timings/prompt_n"``)."""
+def response_fields(obj: dict, paths: list[str]) -> dict:
+    """llama-server's ``response_fields`` (json_get_nested_values): each path that exists, keyed
+    by the path itself (``"timings/prompt_n"``: what llama.vim reads); a missing one is left
+    out."""
     out = {}
     for path in paths:
         value, found = obj, True
@@ -210,7 +210,7 @@ def response_fields(obj: dict, paths: list[str], key_by_path: bool = False) -> d
                 found = False
                 break
         if found:
-            out[path if key_by_path else path.split("/")[-1]] = value
+            out[path] = value
     return out
 
 
@@ -416,12 +416,8 @@ async def detokenize(body: DetokenizeRequest, request: HttpRequest):
 
 @router.post("/apply-template")
 async def apply_template(body: ChatCompletionRequest, request: HttpRequest):
-    engine = _engine(request)
-    tools = getattr(body, "tools", None) or (body.model_extra or {}).get("tools")
-    if tools:  # the prompt would differ from the one a chat request with them is given
-        raise InputError("tools: /apply-template renders messages only; send the request to "
-                         "/v1/chat/completions", param="tools")
-    return {"prompt": engine.format_chat(chat_messages(body))}
+    """The prompt a chat body decodes: its messages and tools in the GGUF's template."""
+    return {"prompt": chat_prompt(_engine(request), body, request.app.state.config.defaults)}
 
 
 @router.get("/props")

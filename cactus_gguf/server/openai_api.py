@@ -23,9 +23,10 @@ from .core import Watch, not_ready, stream, submit
 from .fim import SuffixPlan
 from .http_errors import error, error_of
 from .logprobs import openai_chat, openai_completion
+from .prompts import chat_prompt
 from .report import speculative_block, system_fingerprint, timings
-from .schemas import (ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt,
-                      to_request)
+from .schemas import (ChatCompletionRequest, CompletionRequest, chat_format, chat_messages,
+                      completion_prompt, to_request)
 from .tools import ToolPlan
 from .worker import Job
 
@@ -83,10 +84,14 @@ async def start(request: HttpRequest, body, prompt, chat: bool, plan=None) -> St
                           f"{config.model_id!r} (GET /v1/models)", param="model",
                      code="model_not_found")
     req = to_request(config.defaults, body)
-    job = Job(prompt=prompt, request=req, chat=chat and plan is None,
-              loop=asyncio.get_running_loop(),
-              deadline=time.perf_counter() + config.request_timeout,
-              prepare=None if plan is None else (lambda engine: plan.prepare(engine, req)))
+    if plan is not None:
+        prepare = lambda engine: plan.prepare(engine, req)  # noqa: E731
+    elif chat:  # the messages rendered with the template's switches (schemas.chat_format)
+        prepare = lambda engine: (engine.format_chat(prompt, **chat_format(body)), req)  # noqa: E731
+    else:
+        prepare = None
+    job = Job(prompt=prompt, request=req, chat=False, loop=asyncio.get_running_loop(),
+              deadline=time.perf_counter() + config.request_timeout, prepare=prepare)
     watch = await submit(worker, job, request, lambda e: error_of(e, redact, body))
     if isinstance(watch, Response):
         return watch
@@ -133,9 +138,7 @@ async def count_tokens(request: HttpRequest, body: ChatCompletionRequest) -> int
     if refused is not None:
         raise refused
     engine = state.worker.engine
-    tools = ToolPlan.of(body)
-    prompt = tools.prepare(engine, to_request(state.config.defaults, body))[0] \
-        if tools is not None else engine.format_chat(chat_messages(body))
+    prompt = chat_prompt(engine, body, state.config.defaults)
     return len(engine.verifier.model.tokenize(prompt))
 
 

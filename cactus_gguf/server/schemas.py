@@ -114,6 +114,10 @@ class ChatCompletionRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = None
     top_logprobs: int | None = None
+    # the chat template's switches (Hugging Face's names, as llama-server and vLLM take them): a
+    # final assistant message is continued unless continue_final_message is false
+    add_generation_prompt: bool = True
+    continue_final_message: bool | None = None
 
 
 class CompletionRequest(_Common):
@@ -317,6 +321,12 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
         out.append({"role": "system" if m.role == "developer" else m.role,
                     "content": content or ""})
     return out
+
+
+def chat_format(body: ChatCompletionRequest) -> dict[str, Any]:
+    """The chat template's switches of a body, as Engine.format_chat takes them."""
+    return {"add_generation_prompt": body.add_generation_prompt,
+            "continue_final_message": body.continue_final_message}
 
 
 def completion_prompt(body: CompletionRequest) -> str | list[int]:

@@ -252,12 +252,31 @@ class Engine:
         add_special = not (m.add_bos and bos_text and prompt.startswith(bos_text))
         return m.tokenize(prompt, add_special=add_special, parse_special=True)
 
-    def format_chat(self, messages: Sequence[dict]) -> str:
-        """Render ``messages`` ([{"role": ..., "content": ...}]) with the GGUF's chat template."""
+    def format_chat(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
+                    continue_final_message: bool | None = None) -> str:
+        """Render ``messages`` ([{"role": ..., "content": ...}]) with the GGUF's chat template.
+
+        A final assistant message is continued (prefilled: the messages before it with the
+        assistant's turn opened, then its text, left open), as llama-server does, unless
+        ``continue_final_message`` is False (then it is closed like the others);
+        ``add_generation_prompt`` False ends the prompt with the last message instead of
+        opening the assistant's turn."""
         m = self._live().model
-        return render_chat(m.chat_template(), messages, model_name=m.path.name,
-                           eos=m.token_text(m.eos).decode("utf-8", "replace"),
-                           bos=m.token_text(m.bos).decode("utf-8", "replace"))
+        last_is_assistant = bool(messages) and messages[-1].get("role") == "assistant"
+        prefill = last_is_assistant and continue_final_message is not False
+        if continue_final_message and not last_is_assistant:
+            raise InputError("continue_final_message needs the last message to be the "
+                             "assistant's (the text to continue)", param="continue_final_message")
+
+        def render(ms, opened: bool) -> str:
+            return render_chat(m.chat_template(), ms, model_name=m.path.name,
+                               eos=m.token_text(m.eos).decode("utf-8", "replace"),
+                               bos=m.token_text(m.bos).decode("utf-8", "replace"),
+                               add_generation_prompt=opened)
+
+        if prefill:
+            return render(messages[:-1], True) + (messages[-1].get("content") or "")
+        return render(messages, add_generation_prompt)
 
     @property
     def drafters(self) -> tuple[str, ...]:
