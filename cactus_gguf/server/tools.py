@@ -237,10 +237,10 @@ def _check_parameters(function: dict, field: str) -> None:
     try:
         grammar_spec("json_schema", json.dumps(arguments_schema(function)))
     except InputError as e:
-        # grammar_spec's message names its own field ("{json_schema} is invalid: ...")
-        why = str(e).split(": ", 1)[-1] if str(e).startswith("{json_schema}") else str(e)
-        raise InputError(f"{field} is not a JSON schema this server can enforce "
-                         f"({function['name']}): {why}"[:300], param=field) from None
+        # grammar_spec's message names its own field ("json_schema: the JSON schema is ...")
+        why = str(e).removeprefix("json_schema: ").removeprefix("the JSON schema is invalid: ")
+        raise InputError(f"{field} ({function['name']}) is not a JSON schema this server can "
+                         f"enforce: {why}"[:300], param=field) from None
 
 
 def _is_special(model, text: str) -> bool:
