@@ -20,7 +20,7 @@ from .stats import GenerationResult
 
 __all__ = ["RunPlan", "ServePlan", "plan_run", "plan_serve", "open_engine", "execute_run",
            "result_json", "choose_pair", "settle", "read_file_options", "Interrupted",
-           "list_devices"]
+           "load_of"]
 
 
 class Interrupted(KeyboardInterrupt):
@@ -309,23 +309,14 @@ def check_tensor_split(load: LoadOptions) -> None:
         check(load.tensor_split, load.n_gpu_layers, load.device, load.rpc)
 
 
-def list_devices(given: Mapping[str, Any], command: str = "run",
-                 name: Callable[[str], str] = lambda n: n) -> list[str]:
-    """The ``--list-devices`` lines (llama/placement.py device_report) under the options the user
-    set for ``command`` (run, serve or bench), every one validated first as that command would
-    (InputError; RpcError for an RPC server that does not answer; run's prompt is not needed);
-    ``name`` spells an option in them (the CLI: its flag)."""
-    from .llama.placement import device_report
-
-    if command == "bench":
-        from .bench import plan_bench
-
-        load = plan_bench(given, warmup=False).load
-    elif command == "serve":
-        load = plan_serve(given).run.load
-    else:
-        load = _plan(given, command)[0].load
-    return device_report(load, name=name)
+def load_of(given: Mapping[str, Any], command: str = "run") -> LoadOptions:
+    """The load options of ``command`` (run or serve) under the options the user set, every one
+    validated first as that command would (InputError; run's prompt is not needed): what
+    ``--list-devices`` places (llama/placement.py device_report; bench's: bench/run.py
+    plan_bench)."""
+    if command == "serve":
+        return plan_serve(given).run.load
+    return _plan(given, command)[0].load
 
 
 def nothing_generated(plan: RunPlan) -> GenerationResult:

@@ -24,6 +24,7 @@ from ..errors import InputError
 from ..llama.hw import build_facts, default_threads, machine_facts
 from ..options import (MODEL_DRAFTERS, LoadOptions, Request, check_value, default, options_in,
                        validate_pairing)
+from ..plan import check_tensor_split, choose_pair, read_file_options, settle
 from .grid import (config_grid, default_methods, needs_draft_model, request_for, schedule,
                    with_schema)
 from . import peers as _peers
@@ -87,8 +88,6 @@ def plan_bench(given: Mapping[str, Any], *, warmup: bool = True) -> BenchPlan:
 
     Raises InputError (one line, ``param`` = the option at fault).
     """
-    from ..plan import check_tensor_split, choose_pair, read_file_options, settle
-
     pair, verifier, draft = choose_pair(given.get("pair"), given.get("model"),
                                         given.get("model_draft"))
     values = read_file_options(settle(given, pair, "bench"))

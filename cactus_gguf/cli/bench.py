@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .group import exit_interrupted, model_command, report_error
+from .group import exit_interrupted, model_command, models_from_arguments, report_error
 from .params import given
 
 
@@ -20,7 +20,6 @@ def bench_command(ctx: click.Context, verifier, draft, **_options) -> None:
     """
     from .. import bench
     from ..errors import CactusError
-    from .run import models_from_arguments
 
     values = given(ctx)
     models_from_arguments(values, verifier, draft)

@@ -1,5 +1,6 @@
 """The ``cactus-gguf`` command group and what its subcommands share: one-line errors and their
-exit codes, the Ctrl-C / SIGTERM bridge, and :func:`model_command`. The subcommands (bench.py,
+exit codes, the Ctrl-C / SIGTERM bridge, :func:`model_command` and
+:func:`models_from_arguments`. The subcommands (bench.py,
 models.py, run.py, serve.py) import it from here, and the package (__init__.py) imports them, so
 no module imports the package it is part of.
 """
@@ -164,6 +165,17 @@ def main() -> None:
     """Cactus constrained-acceptance speculative decoding for GGUF models."""
 
 
+def models_from_arguments(values: dict, verifier, draft) -> None:
+    """Positional models fill the slots -m / -md left open, in order (llama.cpp users write -m)."""
+    extra = [m for m in (verifier, draft) if m is not None]
+    for slot in ("model", "model_draft"):
+        if values.get(slot) is None and extra:
+            values[slot] = extra.pop(0)
+    if extra:
+        fail(f"too many model arguments ({extra[0]!r} is left over): give VERIFIER and DRAFT once, "
+             "as arguments or with -m / -md")
+
+
 def model_command(name: str, *, grid: bool = False):
     """Decorator: the subcommand ``name`` taking ``[VERIFIER] [DRAFT]`` and its options from
     the options table (grid options as comma-separated lists with ``grid``); the function gets the
@@ -188,13 +200,19 @@ def _list_devices(ctx: click.Context, command: str, verifier, draft) -> None:
     """``--list-devices``: this build's backends and devices, and which the models would use;
     every option is validated first, as ``command`` would (a bad one: the usual one-line error)."""
     from .. import plan as planner
+    from ..llama.placement import device_report
     from .params import given
-    from .run import models_from_arguments
 
     values = given(ctx)
     models_from_arguments(values, verifier, draft)
     try:
-        lines = planner.list_devices(values, command, lambda n: flag_of(n).split('/')[0])
+        if command == "bench":
+            from ..bench import plan_bench
+
+            load = plan_bench(values, warmup=False).load
+        else:
+            load = planner.load_of(values, command)
+        lines = device_report(load, name=lambda n: flag_of(n).split('/')[0])
     except (CactusError, OSError) as e:
         report_error(e)
     for line in lines:

@@ -6,8 +6,8 @@ import click
 from ..errors import CactusError
 from ..options import CONSTRAINTS
 from ..options.rule import rule_words
-from .group import (configure_logging, exit_interrupted, fail, interrupt_pending, model_command,
-                    report_error)
+from .group import (configure_logging, exit_interrupted, interrupt_pending, model_command,
+                    models_from_arguments, report_error)
 from .params import given
 
 
@@ -57,17 +57,6 @@ def summary(result, request) -> str:
     parts.append(f"stop: {stop}")
     parts.append(f"seed {result.seed}")
     return "cactus-gguf: " + " | ".join(parts)
-
-
-def models_from_arguments(values: dict, verifier, draft) -> None:
-    """Positional models fill the slots -m / -md left open, in order (llama.cpp users write -m)."""
-    extra = [m for m in (verifier, draft) if m is not None]
-    for slot in ("model", "model_draft"):
-        if values.get(slot) is None and extra:
-            values[slot] = extra.pop(0)
-    if extra:
-        fail(f"too many model arguments ({extra[0]!r} is left over): give VERIFIER and DRAFT once, "
-             "as arguments or with -m / -md")
 
 
 @model_command("run")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..errors import CactusError
-from .group import configure_logging, fail, model_command, report_error
+from .group import configure_logging, fail, model_command, models_from_arguments, report_error
 from .params import flag_of, given
 
 if TYPE_CHECKING:
@@ -82,7 +82,6 @@ def _serve_plan(ctx: click.Context, verifier, draft) -> ServePlan:
     """The ServePlan of the command line (models, run options, server settings), before any
     model loads; an error exits with one line."""
     from .. import plan as planner
-    from .run import models_from_arguments
 
     values = given(ctx)
     models_from_arguments(values, verifier, draft)
