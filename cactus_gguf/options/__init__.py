@@ -18,9 +18,10 @@ has: which models, the prompt, output format).
 
 The table lives in table.py, the records in records.py, the one check of a request's speculation
 options that needs what the caller set and what the engine loaded in speculation.py (the CLI, the
-server and the engine all call it); this package re-exports them. It
-imports only errors.py and values.py at import time, so every layer may use it (a request's
-grammar is compiled through sampling/constraints.py, imported when one is given).
+server and the engine all call it); this package re-exports them. A constraint option's value (a
+grammar, a JSON schema) is compiled and checked by grammar.py, without a model. The package
+imports nothing outside it but errors.py at import time (llguidance only when a grammar is given),
+so every layer may use it.
 """
 from __future__ import annotations
 

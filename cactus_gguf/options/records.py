@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
 from ..errors import InputError
+from .grammar import grammar_spec
 from .table import BY_NAME, Option, check_value, options_in
 
 
@@ -223,8 +224,8 @@ CONSTRAINTS = ("grammar", "json_schema", "json_object")  # the Request fields th
 
 
 def constraint_of(r):
-    """The request's output constraint as a compiled, validated GrammarSpec
-    (sampling/constraints.py), or None. Raises InputError for two constraints at once or an
+    """The request's output constraint as a compiled, validated GrammarSpec (grammar.py), or
+    None. Raises InputError for two constraints at once or an
     invalid grammar / schema (llguidance's reason)."""
     given = [name for name in CONSTRAINTS if getattr(r, name) not in (None, False)]
     if not given:
@@ -232,8 +233,6 @@ def constraint_of(r):
     if len(given) > 1:
         raise InputError(f"give one output constraint, not {{{given[0]}}} and {{{given[1]}}}",
                          param=given[1], options=(given[0],))
-    from ..sampling.constraints import grammar_spec
-
     return grammar_spec(given[0], getattr(r, given[0]) if given[0] != "json_object" else "")
 
 
