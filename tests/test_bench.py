@@ -40,7 +40,7 @@ def tiny_run(tiny_pair, prompt_file, tmp_path_factory):
     plan = bench.plan_bench(dict(
         model=str(ver), model_draft=str(dft), prompts=str(prompt_file), n_predict=8,
         configs=METHODS, delta=DELTAS, k=(3,), n_ctx=256, n_threads=1,
-        forward_repeats=1, timeout=10.0), warmup=False)
+        forward_repeats=1, test_timeout=10.0), warmup=False)
     seen = []
     original = Engine.generate
 

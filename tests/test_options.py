@@ -147,6 +147,16 @@ def test_each_option_is_declared_once():
         assert len(flags) == len(set(flags)), command
 
 
+def test_options_that_share_a_flag_share_a_meaning():
+    """One flag, one option, in every command (serve's --timeout is a request's seconds; bench's
+    seconds per test run are --test-timeout)."""
+    owners: dict[str, set[str]] = {}
+    for o in options.OPTIONS:
+        for f in o.flags:
+            owners.setdefault(f, set()).add(o.name)
+    assert {f: n for f, n in owners.items() if len(n) > 1} == {}
+
+
 # ---- issue 42: combinations and values refused before anything loads ------------------------------
 
 def _cli(*args: str):

@@ -59,7 +59,7 @@ class BenchPlan:
     base: Request
     load: LoadOptions
     ks: tuple[int, ...]
-    timeout: float
+    test_timeout: float
     forward_repeats: int
     warmup: bool = True
 
@@ -94,7 +94,7 @@ def plan_bench(given: Mapping[str, Any], *, warmup: bool = True) -> BenchPlan:
     if verifier is None:
         raise InputError("no verifier model: give VERIFIER (a .gguf path or a registry name)",
                          param="model")
-    for name in ("limit", "timeout", "forward_repeats"):
+    for name in ("limit", "test_timeout", "forward_repeats"):
         check_value(name, values[name])
     if values["configs"] is not None and not values["configs"]:
         raise InputError("{configs} is empty: name at least one configuration", param="configs")
@@ -135,7 +135,7 @@ def plan_bench(given: Mapping[str, Any], *, warmup: bool = True) -> BenchPlan:
     return BenchPlan(verifier_spec=verifier, draft_spec=draft if any_draft else None,
                      pair_name=pair.name if pair is not None else None, configs=configs,
                      prompts=prompts, prompt_source=source, chat=values["chat"], base=base,
-                     load=load, ks=ks, timeout=values["timeout"],
+                     load=load, ks=ks, test_timeout=values["test_timeout"],
                      forward_repeats=values["forward_repeats"], warmup=warmup)
 
 
@@ -176,7 +176,7 @@ def _settings(plan: BenchPlan, chat: bool) -> dict:
             "min_p": b.min_p, "chat": chat, "n_ctx": lo.n_ctx, "n_batch": lo.n_batch,
             "n_threads": lo.n_threads or default_threads(), "flash_attn": lo.flash_attn,
             "prompts": plan.prompt_source, "n_prompts": len(plan.prompts),
-            "timeout_seconds": plan.timeout, "instruction": HUMANEVAL_INSTRUCTION,
+            "timeout_seconds": plan.test_timeout, "instruction": HUMANEVAL_INSTRUCTION,
             "stop_problems": (f"{CODE_END!r}: a problem answered in a chat stops at the end of its "
                               "code block" if chat else None),
             "order": "per prompt every configuration, order rotated by one per prompt"}
@@ -334,7 +334,7 @@ def _score(plan: BenchPlan, runs: list[dict], progress: bool) -> None:
                   disable=not progress or not to_score, dynamic_ncols=True):
         problem = by_id[r["prompt"]].problem
         r["completion"] = extract_completion(problem["prompt"], r["text"])
-        r["passed"], r["check"] = check_completion(problem, r["completion"], plan.timeout)
+        r["passed"], r["check"] = check_completion(problem, r["completion"], plan.test_timeout)
     for r in runs:
         r.setdefault("completion", None)
         r.setdefault("passed", None)

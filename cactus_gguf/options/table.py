@@ -470,8 +470,9 @@ OPTIONS: tuple[Option, ...] = (
            "run each configuration unconstrained (`off`), constrained by the schema (`on`: the "
            "`+schema` rows) or `both`", ("--schema",), scope="bench", choices=("both", "on", "off"),
            commands=_BENCH),
-    Option("timeout", float, 5.0, "seconds allowed per pass@1 test run", ("--timeout",),
-           scope="bench", range=Range(lo=0.0, lo_open=True), metavar="S", commands=_BENCH),
+    Option("test_timeout", float, 5.0, "seconds allowed per pass@1 test run (one answer's tests)",
+           ("--test-timeout",), scope="bench", range=Range(lo=0.0, lo_open=True), metavar="S",
+           commands=_BENCH),
     Option("forward_repeats", int, 10, "repeats of each forward-cost probe", ("--forward-repeats",),
            scope="bench", range=Range(lo=1), metavar="N", commands=_BENCH),
     Option("output", str, "bench-out", "directory for bench.json, bench.md, bench.png and "
