@@ -47,10 +47,14 @@ from .gamma import binary_kl, cactus_gamma
 from .masks import mask_words, pack_allowed, row_mask_addr, step_mask_addr
 from .params import AcceptanceParams, SamplingParams, draft_sampling
 from .records import Law, StepResult, c_params
-from .rng import Rng
+from .rng import Rng, check_seed
 
 # The raw bindings, reachable through this module as before (tests call C directly with them).
 from ._clib import METHOD_VALUES, _cactus_gamma, _RngC, _rng_seed  # noqa: F401
+
+# the drafts' generator under the greedy rule: the seed XOR this odd constant (2^64 / golden
+# ratio), a stream apart from the verifier's (splitmix64 spreads neighbouring seeds)
+DRAFT_STREAM = 0x9E3779B97F4A7C15
 
 __all__ = [
     "AcceptanceParams",
@@ -117,7 +121,8 @@ class NativeSampler:
     """
 
     __slots__ = (
-        "_n_vocab", "_sampling", "_draft_sampling", "_acceptance", "_rng", "_rng_p", "_sp",
+        "_n_vocab", "_sampling", "_draft_sampling", "_acceptance", "_rng", "_rng_p",
+        "_draft_rng", "_draft_rng_p", "_drafts_rng_p", "_sp",
         "_sp_p", "_dsp", "_dsp_p", "_ap", "_ap_p", "_work", "_work_p", "_probs", "_probs_p",
         "_tok", "_tok_p", "_res", "_res_p", "_compact",
     )
@@ -136,6 +141,11 @@ class NativeSampler:
         self._sampling = sampling
         self._rng = Rng(seed)
         self._rng_p = ctypes.addressof(self._rng._c)
+        # the draft's own stream, used under the greedy rule (use_acceptance): the verifier's
+        # stream then holds one uniform per emitted token, as without a draft
+        self._draft_rng = Rng(check_seed(seed) ^ DRAFT_STREAM)
+        self._draft_rng_p = ctypes.addressof(self._draft_rng._c)
+        self._drafts_rng_p = self._rng_p
         self._sp = c_params(_SamplerParamsC, sampling)  # built once: every call passes its address
         self._sp_p = ctypes.addressof(self._sp)
         # the draft's warps: a second struct of the same type, so draft() passes another address
@@ -188,6 +198,10 @@ class NativeSampler:
         self._acceptance = acceptance
         self._ap = c_params(_AcceptParamsC, acceptance)
         self._ap_p = ctypes.addressof(self._ap)
+        # greedy (llama-server's rule: accept while the verifier's own sample equals the draft)
+        # draws each emitted token with one uniform of the verifier's stream, so with the drafts
+        # drawn from their own stream a seed gives the verifier alone's tokens, draft or not
+        self._drafts_rng_p = self._draft_rng_p if acceptance.method == "greedy" else self._rng_p
 
     # -- warping and sampling ---------------------------------------------------------------
 
@@ -232,7 +246,7 @@ class NativeSampler:
             EmptyMaskError: no allowed token has a finite logit.
         """
         check_logits_row(logits, self._n_vocab)
-        return self._warp_sample(logits, self._probs_p, allowed, self._sp_p)
+        return self._warp_sample(logits, self._probs_p, allowed, self._sp_p, self._rng_p)
 
     def draft(self, logits: np.ndarray, probs_out: np.ndarray, *,
               allowed: np.ndarray | None = None) -> int:
@@ -257,16 +271,17 @@ class NativeSampler:
         """
         check_logits_row(logits, self._n_vocab)
         check_probs_out(probs_out, logits, self._n_vocab, "probs_out")
-        return self._warp_sample(logits, addr(probs_out), allowed, self._dsp_p)
+        return self._warp_sample(logits, addr(probs_out), allowed, self._dsp_p,
+                                 self._drafts_rng_p)
 
     def _warp_sample(self, logits: np.ndarray, probs_p: int, allowed: np.ndarray | None,
-                     sp_p: int) -> int:
+                     sp_p: int, rng_p: int) -> int:
         """Warp checked ``logits`` with the warps at address ``sp_p`` (the request's or the
         draft's) into the float32 [V] row at address ``probs_p``, then draw one token from it (one
-        uniform); the token id."""
+        uniform of the generator at ``rng_p``: the verifier's, or the drafts'); the token id."""
         mask = row_mask_addr(allowed, self._n_vocab)
         st = _warp_sample(
-            addr(logits), logits.shape[0], self._n_vocab, mask, sp_p, self._rng_p,
+            addr(logits), logits.shape[0], self._n_vocab, mask, sp_p, rng_p,
             probs_p, self._work_p, self._tok_p,
         )
         if st != CG_OK:
@@ -352,11 +367,12 @@ class NativeSampler:
     # top_k-th largest, top_k > 0) and the same float32 logits gives exactly the full row's
     # probabilities and draws, with the same uniforms (speculative/device.py).
 
-    def _compact_sample(self, logits: np.ndarray, probs_out: np.ndarray, sp_p: int) -> int:
+    def _compact_sample(self, logits: np.ndarray, probs_out: np.ndarray, sp_p: int,
+                        rng_p: int) -> int:
         n = logits.shape[0] if isinstance(logits, np.ndarray) and logits.ndim == 1 else 0
         check_logits_row(logits, max(n, 1))
         check_probs_out(probs_out, logits, n, "probs_out")
-        st = _warp_sample(addr(logits), n, n, 0, sp_p, self._rng_p, addr(probs_out),
+        st = _warp_sample(addr(logits), n, n, 0, sp_p, rng_p, addr(probs_out),
                           self._work_p, self._tok_p)
         if st != CG_OK:
             raise_status(st, "cg_warp_sample")
@@ -365,12 +381,12 @@ class NativeSampler:
     def draft_compact(self, logits: np.ndarray, probs_out: np.ndarray) -> int:
         """``draft`` on a compact row (no mask): ``logits`` float32 [n] (n <= V), ``probs_out``
         float32 [n]; the index drawn. One uniform."""
-        return self._compact_sample(logits, probs_out, self._dsp_p)
+        return self._compact_sample(logits, probs_out, self._dsp_p, self._drafts_rng_p)
 
     def sample_compact(self, logits: np.ndarray) -> int:
         """``sample`` on a compact row (no mask): the index drawn. One uniform."""
         n = logits.shape[0] if isinstance(logits, np.ndarray) and logits.ndim == 1 else 0
-        return self._compact_sample(logits, self._probs[:n], self._sp_p)
+        return self._compact_sample(logits, self._probs[:n], self._sp_p, self._rng_p)
 
     def warp_compact_into(self, logits: np.ndarray, out: np.ndarray) -> None:
         """``warp_into`` (the request's warps) on a compact row: ``out`` float32 [n]."""
