@@ -256,8 +256,7 @@ def test_a_foreign_draft_samples_at_the_draft_temperature(tiny_pair, tmp_path):
     the draft's warps too. At draft temperature 0 every proposal verify receives is one-hot at the
     drafted token, and greedy output is the verifier's; at the request's temperature it is not
     one-hot."""
-    from support.tiny_gguf import write_llama
-    from test_foreign_drafts import EXTRA, FOREIGN_WORDS
+    from support.tiny_gguf import EXTRA, FOREIGN_WORDS, write_llama
 
     ver = tiny_pair[0]
     foreign = write_llama(tmp_path / "foreign.gguf", seed=5, words=FOREIGN_WORDS,

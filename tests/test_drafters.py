@@ -12,7 +12,8 @@ from cactus_gguf.sampling import reference
 from cactus_gguf.speculative import FixedDraftLength, NgramDrafter
 
 from support.harness import make_engine
-from test_decoding import ALPHA, chisquare_pvalue
+from support.stats import (ALPHA, chisquare_pvalue, decoder, first_position_dists,
+                           first_token_histogram)
 
 SAMPLING = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
 WARPS = dict(temp=1.0, top_k=8, top_p=1.0, min_p=0.0)
@@ -92,7 +93,6 @@ def test_typical_acceptance_distribution_with_a_matching_draft(tiny_pair):
     """Draft = verifier (p = q): typical keeps each drafted n with q[n] above the threshold and
     sends the rest of the mass to the verifier's argmax, so more than one token carries mass."""
     ver, _ = tiny_pair
-    from test_decoding import decoder, first_position_dists, first_token_histogram
     q, p = first_position_dists(ver, ver, SAMPLING)
     expected = reference.emitted_first_token_distribution(p, q, "typical")
     assert (expected > 0).sum() >= 2

@@ -18,15 +18,11 @@ from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams
 from cactus_gguf.speculative import VocabMismatchError
 from cactus_gguf.speculative.foreign import Translator, vocab_info
 from support.harness import assert_one_line_error, bench_cli, ctx, make_engine, run_cli
-from support.tiny_gguf import WORDS, write_llama
-from test_decoding import ALPHA, chisquare_pvalue
+from support.stats import ALPHA, chisquare_pvalue
+from support.tiny_gguf import EXTRA, FOREIGN_WORDS, WORDS, write_llama
 
 PROMPT = "the cat sat on"
 SAMPLING = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
-# the foreign draft's words: some of the verifier's, some its own ("▁cat" and "t" are gone)
-FOREIGN_WORDS = ["▁", "▁the", "▁a", "▁cats", "▁dog", "▁sat", "▁on", "▁mat", "▁hat", "e", "at",
-                 "o", "n", "s", "▁is", "▁and", "(", ")", ":"]
-EXTRA = ["<|x|>"]  # a control token only the drafts have, at id 3
 
 
 @pytest.fixture(scope="module")

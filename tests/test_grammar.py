@@ -16,7 +16,7 @@ from cactus_gguf.sampling import reference
 from cactus_gguf.sampling.constraints import Constraint, grammar_spec, tokenizer_for
 
 from support.harness import make_engine
-from test_decoding import ALPHA, PROMPT, chisquare_pvalue
+from support.stats import ALPHA, PROMPT, chisquare_pvalue
 
 CTX = ContextOptions(n_ctx=512, n_batch=64, n_threads=1)
 SENTENCES = [" the cat sat on the mat.", " a dog sat.", " the dog and the cat.", " hello world."]

@@ -19,8 +19,8 @@ from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams
 
 from support.harness import assert_one_line_error, bench_cli, make_engine, run_cli
 from support.server import LiveServer, client
+from support.stats import ALPHA, chisquare_pvalue
 from support.tiny_gguf import write_llama, write_qwen35
-from test_decoding import ALPHA, chisquare_pvalue
 
 PROMPT = "the cat sat on"
 N = 40

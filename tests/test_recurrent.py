@@ -14,16 +14,13 @@ import pytest
 
 import llama_cpp
 
-from cactus_gguf.llama import Context, ContextOptions
+from cactus_gguf.llama import Context
 
+from support.recurrent import TOL, error_after, opts
 from support.tiny_gguf import text_tokens, write_lfm2, write_llama, write_nemotron_h, write_qwen35
 
 WRITERS = {"lfm2": write_lfm2, "qwen35": write_qwen35, "nemotron_h": write_nemotron_h}
 ARCHS = tuple(WRITERS)
-# Decoding the same tokens in other batch shapes alone moves these logits by up to 4e-4 (lfm2, one
-# token decoded alone or in a batch) and ~3e-3 after hundreds of tokens of mixed shapes; a wrong
-# state moves them by more than 1 (the control test below)
-TOL = 0.02
 PROMPT = text_tokens("the cat sat on the mat")  # 22 byte tokens
 
 
@@ -34,28 +31,6 @@ def hybrid_paths(tmp_path_factory):
     out = {arch: write(d / f"{arch}.gguf", seed=11) for arch, write in WRITERS.items()}
     out["llama"] = write_llama(d / "llama.gguf", seed=11)
     return out
-
-
-def opts(n_rs_seq: int = 4, n_batch: int = 32) -> ContextOptions:
-    return ContextOptions(n_ctx=512, n_batch=n_batch, n_threads=1, n_rs_seq=n_rs_seq)
-
-
-def next_logits(ctx: Context, token: int) -> np.ndarray:
-    """The logits after decoding ``token`` on ``ctx`` (float32 [V], a copy)."""
-    return np.array(ctx.decode([token], n_logits=1)[0])
-
-
-def fresh_logits(path, tokens, token: int) -> np.ndarray:
-    with Context.load(path, context_options=opts()) as fresh:
-        if tokens:
-            fresh.decode(list(tokens), n_logits=0)
-        return next_logits(fresh, token)
-
-
-def error_after(ctx: Context, path, probe: int = 60) -> float:
-    """max |logits after ``probe``| of ``ctx`` against a fresh prefill of what it holds."""
-    held = list(ctx.tokens)
-    return float(np.abs(next_logits(ctx, probe) - fresh_logits(path, held, probe)).max())
 
 
 @pytest.mark.parametrize("arch", ARCHS + ("llama",))

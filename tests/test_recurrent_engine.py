@@ -19,9 +19,9 @@ from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams
 
 from support.harness import (KvShadow, StepLog, assert_greedy_equal, bench_cli, ctx, make_engine,
                              run_cli)
+from support.recurrent import TOL, error_after
 from support.server import LiveServer, client
 from support.tiny_gguf import CHAT_TEMPLATE, write_lfm2, write_llama, write_nemotron_h, write_qwen35
-from test_recurrent import TOL, error_after
 
 WRITERS = {"lfm2": write_lfm2, "qwen35": write_qwen35, "nemotron_h": write_nemotron_h}
 ARCHS = tuple(WRITERS)
@@ -86,7 +86,7 @@ def test_k_auto_probes_and_still_gives_the_verifiers_tokens(models, greedy_alone
 
 @pytest.mark.parametrize("method,delta", [("sps", 0.0), ("cactus", 1.0)])
 def test_first_emitted_token_follows_the_exact_law_with_a_hybrid_verifier(models, method, delta):
-    from test_decoding import chisquare_pvalue
+    from support.stats import chisquare_pvalue
 
     # lfm2 with its noisy copy: p and q overlap (total variation 0.34) and Cactus's law is 0.19
     # away from q, so the control below has power
@@ -148,7 +148,7 @@ def test_foreign_hybrid_drafts_give_the_verifiers_tokens(models, tmp_path, vocab
     """A hybrid draft of another vocabulary (its own words and a control token the verifier
     lacks) for a hybrid verifier: its context holds the committed tokens translated, rolled back
     through checkpoints, as in the same-vocabulary case."""
-    from test_foreign_drafts import EXTRA, FOREIGN_WORDS
+    from support.tiny_gguf import EXTRA, FOREIGN_WORDS
 
     words = FOREIGN_WORDS if vocab != "auto" else None  # auto: the same words, moved ids (map)
     dft = write_lfm2(tmp_path / "foreign.gguf", seed=11, noise=0.1, noise_seed=12,

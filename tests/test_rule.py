@@ -12,13 +12,7 @@ from cactus_gguf.options.rule import SPECULATION, rule_of, rule_words
 from cactus_gguf.server.speculative import Speculative
 
 from support.harness import run_cli
-
-# every speculation setting; a new one added to the table without `applies` would not be here
-NAMES = ["k", "k_max", "method", "delta", "solver", "budget", "output_kl", "typical_epsilon",
-         "typical_alpha", "accept_top_k", "ears_alpha", "top_gap", "protect_ends", "top_gap_scope",
-         "drafter",
-         "ngram_max", "ngram_min", "draft_window", "draft_vocab", "draft_min", "draft_p_min",
-         "draft_temp"]
+from support.rule import NAMES
 
 
 def test_the_speculation_settings_are_the_tables_request_options_but_sampling_and_output():

@@ -6,10 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from support.rule import NAMES
 from support.server import LiveServer, client
 from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama
-
-from test_rule import NAMES
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,7 @@ import pytest
 
 from support.server import LiveServer, client, sse_events
 from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama
-
-from test_toolcalls import HERMES_TEMPLATE, SCHEMAS, TOOLS
+from support.tools import HERMES_TEMPLATE, SCHEMAS, TOOLS
 
 
 @pytest.fixture(scope="module")

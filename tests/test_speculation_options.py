@@ -11,10 +11,9 @@ import httpx
 import pytest
 
 from cactus_gguf.errors import InputError
+from support.rule import NAMES
 from support.server import LiveServer
 from support.tiny_gguf import write_qwen35
-
-from test_rule import NAMES
 
 
 def _flags(pair, server_flags: dict) -> dict:

@@ -17,36 +17,8 @@ from cactus_gguf.toolcalls import (ToolCallParser, ToolFormat, render_with_tools
                                    tool_grammar)
 from support.server import LiveServer, client
 from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama
+from support.tools import HERMES_TEMPLATE, LLAMA3_TEMPLATE, SCHEMAS, TOOLS
 
-# A Hermes-style template (Qwen 2.5's conventions, shortened): tools in a system turn, calls in
-# <tool_call> tags, results in <tool_response>.
-HERMES_TEMPLATE = (
-    "{%- if tools %}system: You may call these tools:{% for t in tools %}\n{{ t | tojson }}"
-    "{% endfor %}\nCall one as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call>\n"
-    "{% endif %}"
-    "{%- for m in messages %}"
-    "{%- if m.role == 'tool' %}user: <tool_response>\n{{ m.content }}\n</tool_response>\n"
-    "{%- elif m.tool_calls %}assistant:{% for c in m.tool_calls %}\n<tool_call>\n"
-    "{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}"
-    "\n</tool_call>{% endfor %}\n"
-    "{%- else %}{{ m.role }}: {{ m.content }}\n{% endif %}"
-    "{%- endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
-# Llama 3.1's conventions, shortened: header tokens, the tools in the user turn, a JSON reply.
-LLAMA3_TEMPLATE = (
-    "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
-    "{% if tools and loop.last %}Given the functions {{ tools | tojson }}, reply with "
-    "{\"name\": function name, \"parameters\": dictionary of arguments}.\n{% endif %}"
-    "{{ m.content }}<|eot_id|>{% endfor %}"
-    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
-
-UNIT = {"type": "object", "properties": {"unit": {"enum": ["c", "f"]}, "loud": {"type": "boolean"}},
-        "required": ["unit", "loud"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "set_unit", "description": "units",
-                                           "parameters": UNIT}},
-         {"type": "function", "function": {"name": "beep", "parameters": {
-             "type": "object", "properties": {"n": {"enum": [1, 2, 3]}}, "required": ["n"],
-             "additionalProperties": False}}}]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 CALL_A = '<tool_call>\n{"name": "set_unit", "arguments": {"unit": "c", "loud": true}}\n</tool_call>'
 CALL_B = '<tool_call>\n{"name": "beep", "arguments": {"n": 2}}\n</tool_call>'

@@ -209,7 +209,7 @@ def job_first_token_law(ver: str, dft: str, method: str, delta: float, n_runs: i
     """On the device (every layer: the default -ngl -1): the exact law of the first emitted token
     from the device's warped q and p, and a histogram of ``n_runs`` seeded generations."""
     from cactus_gguf.sampling import SamplingParams, reference
-    from test_decoding import decoder, first_position_dists, first_token_histogram
+    from support.stats import decoder, first_position_dists, first_token_histogram
 
     sampling = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
     q, p = first_position_dists(ver, dft, sampling)
@@ -223,7 +223,7 @@ def job_first_token_law(ver: str, dft: str, method: str, delta: float, n_runs: i
 
 @pytest.mark.parametrize("method, delta", [("sps", 0.0), ("cactus", 1.0)])
 def test_first_emitted_token_follows_the_exact_law_on_the_device(build, tiny_pair, method, delta):
-    from test_decoding import ALPHA, chisquare_pvalue
+    from support.stats import ALPHA, chisquare_pvalue
 
     out = on_device(build, "job_first_token_law", ver=str(tiny_pair[0]), dft=str(tiny_pair[1]),
                     method=method, delta=delta, n_runs=3000)

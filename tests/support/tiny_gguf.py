@@ -26,6 +26,10 @@ import gguf
 
 WORDS = ["▁", "▁the", "▁a", "▁cat", "▁dog", "▁sat", "▁on", "▁mat", "▁hello", "▁world", "e", "t",
          "a", "o", "n", "s", "▁is", "▁and", "▁def", "(", ")", ":"]
+# a foreign draft's words (another vocabulary): some of WORDS, some its own ("▁cat" and "t" are gone)
+FOREIGN_WORDS = ["▁", "▁the", "▁a", "▁cats", "▁dog", "▁sat", "▁on", "▁mat", "▁hat", "e", "at",
+                 "o", "n", "s", "▁is", "▁and", "(", ")", ":"]
+EXTRA = ["<|x|>"]  # a control token only the drafts have (``extra_control``), at id 3
 N_LAYER, N_EMBD, N_HEAD, N_FF, N_CTX_TRAIN = 2, 64, 4, 128, 2048
 
 
