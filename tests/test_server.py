@@ -16,7 +16,7 @@ import pytest
 
 from support.tiny_gguf import CHAT_TEMPLATE, EOS, chain, text_tokens, byte_token as T, write_llama
 from support.harness import cli_env, memory_slope
-from support.server import LiveServer, client, sse_events
+from support.server import LiveServer, client, serving, sse_events, tiny_chat_pair
 
 SCRIPT = "quickbrownfxSTOPjmpdvlazy"  # distinct characters: a bigram model can spell it
 
@@ -25,10 +25,7 @@ SCRIPT = "quickbrownfxSTOPjmpdvlazy"  # distinct characters: a bigram model can 
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("server")
     return {
-        "ver": write_llama(d / "ver.gguf", seed=11, zero_output_rows=[EOS],
-                           chat_template=CHAT_TEMPLATE),
-        "dft": write_llama(d / "dft.gguf", seed=11, zero_output_rows=[EOS], noise=0.1,
-                           noise_seed=12, chat_template=CHAT_TEMPLATE),
+        **tiny_chat_pair(d),
         "script": write_llama(d / "script.gguf", seed=45, chat_template=CHAT_TEMPLATE,
                               bigram=chain([T(ord("H"))] + text_tokens(SCRIPT) + [EOS])),
     }
@@ -36,11 +33,9 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(files):
-    with LiveServer(files["ver"], files["dft"], "-t", "1", "-c", "2048", "-k", "4", "-n", "32",
-                    "--temp", "0.8") as s:
+    with serving(files["ver"], files["dft"], "-t", "1", "-c", "2048", "-k", "4", "-n", "32",
+                 "--temp", "0.8") as s:
         yield s
-    assert s.returncode == 0 and not any("Traceback" in ln for ln in s.stderr_lines), \
-        s.stderr_lines
 
 
 def chat(c, content="hello", **kw):

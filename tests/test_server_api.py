@@ -7,26 +7,20 @@ import httpx
 import pytest
 
 from support.rule import NAMES
-from support.server import LiveServer, client
-from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama
+from support.server import LiveServer, client, serving, tiny_chat_pair
+from support.tiny_gguf import CHAT_TEMPLATE
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("server_api")
-    return {"ver": write_llama(d / "ver.gguf", seed=11, zero_output_rows=[EOS],
-                               chat_template=CHAT_TEMPLATE),
-            "dft": write_llama(d / "dft.gguf", seed=11, zero_output_rows=[EOS], noise=0.1,
-                               noise_seed=12, chat_template=CHAT_TEMPLATE)}
+    return tiny_chat_pair(tmp_path_factory.mktemp("server_api"))
 
 
 @pytest.fixture(scope="module")
 def server(files):
-    with LiveServer(files["ver"], files["dft"], "-t", "1", "-c", "1024", "-k", "4", "-n", "16",
-                    "--temp", "0.8") as s:
+    with serving(files["ver"], files["dft"], "-t", "1", "-c", "1024", "-k", "4", "-n", "16",
+                 "--temp", "0.8") as s:
         yield s
-    assert s.returncode == 0 and not any("Traceback" in ln for ln in s.stderr_lines), \
-        s.stderr_lines
 
 
 def chat(server, speculative=None, **kw) -> httpx.Response:

@@ -2,6 +2,7 @@
 server tests (real uvicorn, real HTTP)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -70,6 +71,28 @@ class LiveServer:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+@contextlib.contextmanager
+def serving(*args: str, **kw):
+    """``with serving(args) as s:`` a :class:`LiveServer` that must stop cleanly: on leaving,
+    its exit code is 0 and its stderr holds no traceback (the module fixtures of the server tests:
+    ``yield`` inside it)."""
+    with LiveServer(*args, **kw) as s:
+        yield s
+    assert s.returncode == 0 and not any("Traceback" in ln for ln in s.stderr_lines), \
+        s.stderr_lines
+
+
+def tiny_chat_pair(d) -> dict:
+    """{"ver", "dft"}: the tiny pair in directory ``d`` with the tiny chat template and a zero EOS
+    output row (no end before n_predict); the draft is the verifier with noisy weights."""
+    from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama
+
+    return {"ver": write_llama(d / "ver.gguf", seed=11, zero_output_rows=[EOS],
+                               chat_template=CHAT_TEMPLATE),
+            "dft": write_llama(d / "dft.gguf", seed=11, zero_output_rows=[EOS], noise=0.1,
+                               noise_seed=12, chat_template=CHAT_TEMPLATE)}
+
+
 def client(server: LiveServer, **kw):
     """The official openai client pointed at the server."""
     import openai
@@ -87,4 +110,4 @@ def sse_events(response) -> list[str]:
     return out
 
 
-__all__ = ["LiveServer", "client", "sse_events", "signal"]
+__all__ = ["LiveServer", "serving", "tiny_chat_pair", "client", "sse_events", "signal"]
