@@ -278,3 +278,51 @@ def test_a_small_batch_starts_with_k_auto_fitted_to_it():
     assert plan_serve({**given, "n_batch": 512}).run.request.k_max == 16
     with pytest.raises(InputError, match="must be below"):
         plan_serve({**given, "k_max": 16})
+
+
+# ---- /slots: the slot's prompt cache saved and restored ---------------------------------------
+
+LONG = "the cat sat on the mat " * 12
+
+
+@pytest.mark.parametrize("kind", ["llama", "lfm2"])
+def test_a_slot_saved_and_restored_keeps_its_prompt_across_restarts(tmp_path, kind):
+    """save / erase / restore of the slot's cache (KV cache, and the recurrent state of a hybrid
+    model): after a restart, a request that continues the restored conversation reuses all of
+    it instead of decoding it again."""
+    from support.tiny_gguf import write_lfm2
+
+    model = write_llama(tmp_path / "m.gguf", seed=11, zero_output_rows=[EOS]) if kind == "llama" \
+        else write_lfm2(tmp_path / "m.gguf", seed=11)
+    slots = tmp_path / "slots"
+    args = (model, "-t", "1", "-c", "512", "--method", "none", "--slot-save-path", slots)
+    ask = {"n_predict": 2, "seed": 1, "temperature": 0, "return_tokens": True}
+    with LiveServer(*args) as s:
+        ids = post(s, "/tokenize", {"content": LONG, "add_special": True}).json()["tokens"]
+        first = post(s, "/completion", {"prompt": ids, **ask}).json()
+        held = len(ids) + 1  # the prompt and the first token (the last one is never decoded)
+        state = httpx.get(s.url + "/slots").json()
+        assert state[0]["id"] == 0 and state[0]["n_prompt_tokens"] == held
+        assert state[0]["is_processing"] is False
+        saved = post(s, "/slots/0?action=save", {"filename": "chat.bin"}).json()
+        assert saved["id_slot"] == 0 and saved["n_saved"] == held and saved["n_written"] > 0
+        assert (slots / "chat.bin").stat().st_size == saved["n_written"]
+        assert post(s, "/slots/0?action=erase", {}).json() == {"id_slot": 0, "n_erased": held}
+        turn = ids + first["tokens"] + ids[1:6]  # the conversation goes on
+        assert post(s, "/completion", {"prompt": turn, **ask}).json()["timings"]["cache_n"] == 0
+        alone = post(s, "/completion", {"prompt": turn, **ask}).json()
+    with LiveServer(*args) as s:  # a new process: nothing in its cache
+        restored = post(s, "/slots/0?action=restore", {"filename": "chat.bin"}).json()
+        assert restored["n_restored"] == held and restored["n_read"] == saved["n_written"]
+        again = post(s, "/completion", {"prompt": turn, **ask}).json()
+        assert again["timings"]["cache_n"] == held  # the restored cache: not decoded again
+        assert again["tokens"] == alone["tokens"]
+        for path, body, status in (("/slots/0?action=restore", {"filename": "../x"}, 400),
+                                   ("/slots/0?action=restore", {"filename": "none.bin"}, 404),
+                                   ("/slots/0?action=fly", {}, 400),
+                                   ("/slots/3?action=erase", {}, 400)):
+            r = post(s, path, body)
+            assert r.status_code == status and r.json()["error"]["code"] == status, r.text
+    with LiveServer(model, "-t", "1", "--method", "none") as s:  # no --slot-save-path
+        r = post(s, "/slots/0?action=save", {"filename": "x.bin"})
+        assert r.status_code == 501 and "--slot-save-path" in r.json()["error"]["message"]

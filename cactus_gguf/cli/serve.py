@@ -105,7 +105,8 @@ def _http_server(plan: ServePlan, worker: Worker) -> uvicorn.Server:
                           verifier=plan.run.verifier_spec, draft=plan.run.draft_spec,
                           api_key=p["api_key"], strict_model=p["strict_model"],
                           request_timeout=p["request_timeout"],
-                          cors_origins=tuple(p["cors_origin"]))
+                          cors_origins=tuple(p["cors_origin"]),
+                          slot_save_path=p["slot_save_path"])
     app = create_app(worker, config)
 
     class Server(uvicorn.Server):

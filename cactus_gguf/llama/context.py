@@ -521,6 +521,35 @@ class Context(DeviceTopK):
         self._checkpoints.clear()
         self._window = 0
 
+    def save_file(self, path: str | os.PathLike[str]) -> int:
+        """Write the cache (sequence 0: its KV cache and any recurrent state) and its tokens to
+        ``path`` (llama.cpp's state file). Returns the bytes written. Raises DecodeError when
+        llama.cpp writes nothing."""
+        ids = (llama_cpp.llama_token * max(len(self.tokens), 1))(*self.tokens)
+        n = devices.call(self._remote, llama_cpp.llama_state_seq_save_file, self.ptr,
+                         os.fsencode(path), 0, ids, len(self.tokens))
+        if n == 0:
+            raise DecodeError(f"llama_state_seq_save_file wrote nothing to {path}")
+        return int(n)
+
+    def load_file(self, path: str | os.PathLike[str]) -> int:
+        """Replace the cache by the one :meth:`save_file` wrote to ``path`` (the same model's);
+        ``tokens`` becomes the tokens saved with it. Returns the bytes read. Raises DecodeError
+        when llama.cpp cannot read it (another model's file, a file cut short, more tokens than
+        n_ctx): the cache is then empty."""
+        self.clear()
+        ids = (llama_cpp.llama_token * self.n_ctx)()
+        count = ctypes.c_size_t(0)
+        n = devices.call(self._remote, llama_cpp.llama_state_seq_load_file, self.ptr,
+                         os.fsencode(path), 0, ids, self.n_ctx, ctypes.byref(count))
+        if n == 0:
+            self.clear()
+            raise DecodeError(f"llama_state_seq_load_file could not read {path}: not a state "
+                              f"file of {self.model.path.name} with this n_ctx")
+        self.tokens[:] = ids[:count.value]
+        self.checkpoint()  # a recurrent state: the next request's prefix reuse restores it
+        return int(n)
+
     def shared_prefix(self, target: Sequence[int]) -> int:
         """How many leading tokens of ``target`` the cache already holds."""
         held, n = self.tokens, 0

@@ -40,7 +40,7 @@ from .core import not_ready
 from .fim import router as fim_router
 from .http_errors import error, error_of, invalid_body, llama_error
 from .metrics import CONTENT_TYPE_LATEST, Metrics
-from .native_api import NATIVE_PATHS, router as native_router
+from .native_api import is_native, router as native_router
 from .anthropic import router as anthropic_router
 from .openai_api import router as openai_router
 from .responses import router as responses_router
@@ -70,6 +70,7 @@ class ServerConfig:
     shutdown_grace: float = SHUTDOWN_GRACE
     request_timeout: float = 600.0
     cors_origins: tuple[str, ...] = ()
+    slot_save_path: str | None = None  # the folder of /slots' save and restore (None: refused)
     max_body: int = MAX_BODY
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -215,7 +216,7 @@ class _Guard:
         path = request.url.path
         # every route but the public ones (llama-server's: the health check and the page)
         protected = path not in PUBLIC_PATHS and not path.startswith("/static/")
-        native = path in NATIVE_PATHS  # llama-server's endpoints: its key check and errors
+        native = is_native(path)  # llama-server's endpoints: its key check and errors
         answer = llama_error if native else error
         if protected and config.api_key and request.method != "OPTIONS":
             if not _key_matches(request, config.api_key):

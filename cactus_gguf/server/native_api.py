@@ -58,10 +58,15 @@ from .prompts import chat_prompt
 from .schemas import ChatCompletionRequest, _Common, to_request
 from .worker import Job
 
-__all__ = ["router", "NATIVE_PATHS", "llama_error", "LlamaCompletionRequest"]
+__all__ = ["router", "NATIVE_PATHS", "is_native", "llama_error", "LlamaCompletionRequest"]
 
 NATIVE_PATHS = frozenset({"/completion", "/completions", "/tokenize", "/detokenize",
-                          "/apply-template", "/props", "/infill"})  # /infill: server/fim.py
+                          "/apply-template", "/props", "/infill", "/slots"})  # /infill: fim.py
+
+
+def is_native(path: str) -> bool:
+    """Whether ``path`` is one of llama-server's native routes (its errors, its key check)."""
+    return path in NATIVE_PATHS or path.startswith("/slots/")
 
 class _Refused(Exception):
     """The engine cannot take a request (:func:`_engine`): ``response`` is llama-server's answer
@@ -436,7 +441,7 @@ async def props(request: HttpRequest):
             # fields against llama-server")
             "model_path": os.path.basename(str(config.verifier)),
             "modalities": {"vision": False, "audio": False, "video": False},
-            "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": True,
+            "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
             "ui": True, "chat_template": model.chat_template() or "",
             "bos_token": text(model.bos), "eos_token": text(model.eos),
             "build_info": build_info(),
@@ -450,3 +455,92 @@ async def props(request: HttpRequest):
 async def set_props(request: HttpRequest):
     return llama_error(501, "this server does not support changing global properties (as "
                             "llama-server without --props)")
+
+
+# -------------------------------------------------------------------------------------------------
+# Slots: one here (id 0), its prompt cache saved to and restored from --slot-save-path
+# -------------------------------------------------------------------------------------------------
+
+@router.get("/slots")
+async def slots(request: HttpRequest, fail_on_no_slot: str | None = None):
+    """llama-server's slot list: the one slot's state (``is_processing`` while a request runs;
+    ``n_prompt_tokens`` and ``prompt``: what its cache holds, which the next request's prefix
+    reuse reads). ``?fail_on_no_slot=1``: 503 while it is busy."""
+    engine = _engine(request)
+    worker, config = request.app.state.worker, request.app.state.config
+    busy = worker.waiting > 0 or worker.busy
+    if fail_on_no_slot and busy:
+        return llama_error(503, "no slot available")
+    held = list(engine.verifier.tokens)  # (a copy: the worker may be changing it)
+    return [{"id": 0, "n_ctx": engine.verifier.n_ctx,
+             "speculative": config.defaults.speculates, "is_processing": busy,
+             "n_prompt_tokens": len(held), "params": generation_settings(config.defaults),
+             "prompt": engine.verifier.model.detokenize(held, special=True)}]
+
+
+class SlotFile(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    filename: str | None = None
+
+
+def _slot_file(folder: str, name: str | None) -> str:
+    """The path of a slot file: a plain file name inside ``folder`` (llama-server's rule: no
+    folder part, no "." or "..", no control character, at most 255 bytes)."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or len(name.encode()) > 255 \
+            or any(ord(c) < 32 for c in name):
+        raise InputError(f"filename must be a plain file name (no folder), got {name!r}"[:160],
+                         param="filename")
+    return os.path.join(folder, name)
+
+
+@router.post("/slots/{id_slot}")
+async def slot_action(id_slot: str, request: HttpRequest, action: str | None = None,
+                      body: SlotFile | None = None):
+    """llama-server's ``?action=save`` / ``restore`` (``{"filename"}`` in --slot-save-path) and
+    ``erase`` of the slot's prompt cache, run on the engine's thread between two requests."""
+    state = request.app.state
+    folder = state.config.slot_save_path
+    if not folder:
+        return llama_error(501, "this server does not save slots: start it with "
+                                "--slot-save-path DIR")
+    if id_slot not in ("0", "-1"):
+        return llama_error(400, f"invalid slot id {id_slot!r}: this server has one slot, 0",
+                           param="id_slot")
+    if action not in ("save", "restore", "erase"):
+        return llama_error(400, f"invalid action {action!r}: save, restore or erase",
+                           param="action")
+    _engine(request)  # ready, else llama-server's refusal
+    path = None if action == "erase" else _slot_file(folder, body.filename if body else None)
+    if action == "restore" and not os.path.isfile(path):
+        return llama_error(404, f"no saved slot {body.filename!r} in --slot-save-path",
+                           param="filename")
+
+    def task(engine):
+        t0 = time.perf_counter()
+        if action == "save":
+            os.makedirs(folder, exist_ok=True)
+            n_tokens, n_bytes = engine.save_cache(path)
+        elif action == "restore":
+            n_tokens, n_bytes = engine.restore_cache(path)
+        else:
+            n_tokens, n_bytes = engine.verifier.n_past, 0
+            engine.reset()
+        return n_tokens, n_bytes, (time.perf_counter() - t0) * 1e3
+
+    redact = state.redact
+    job = Job(prompt=None, request=None, chat=False, loop=asyncio.get_running_loop(),
+              deadline=time.perf_counter() + state.config.request_timeout, task=task)
+    watch = await submit(state.worker, job, request, lambda e: llama_error_of(e, redact))
+    if isinstance(watch, Response):
+        return watch
+    return await watch.answer(lambda _, done: _slot_answer(action, body, *done),
+                              lambda e: llama_error_of(e, redact))
+
+
+def _slot_answer(action: str, body, n_tokens: int, n_bytes: int, ms: float) -> dict:
+    if action == "erase":
+        return {"id_slot": 0, "n_erased": n_tokens}
+    key, size, timing = (("n_saved", "n_written", "save_ms") if action == "save"
+                         else ("n_restored", "n_read", "restore_ms"))
+    return {"id_slot": 0, "filename": body.filename, key: n_tokens, size: n_bytes,
+            "timings": {timing: ms}}

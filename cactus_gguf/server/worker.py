@@ -59,6 +59,9 @@ class Job:
     # loaded models know (a chat template with tools, a FIM prompt, tokens); its InputError
     # refuses the job as any other error before the first step does
     prepare: Callable[[Any], tuple[Any, Any]] | None = None
+    # instead of a generation: run on the worker with the engine (a slot's save or restore);
+    # its return value is the "done" event's payload
+    task: Callable[[Any], Any] | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     stopped_by: str = ""
@@ -111,6 +114,11 @@ class Worker:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        """A job is running."""
+        return self._running is not None
 
     @property
     def waiting(self) -> int:
@@ -193,20 +201,11 @@ class Worker:
         result = None
         self._running = job
         try:
-            if job.prepare is not None:
-                job.prompt, job.request = job.prepare(self.engine)
-            prompt = self.engine.format_chat(job.prompt) if job.chat else job.prompt
-            stream = self.engine.stream(prompt, job.request, cancel=job.should_stop)
-            job.put("started", None)
-            for chunk in stream.steps():
-                if chunk is not None:
-                    job.put("chunk", chunk)
-                if job.should_stop():  # (a prompt cut short by it ends the stream too)
-                    job.stopped_by = job.cancel_reason if job.cancelled.is_set() else "timeout"
-                    break
-            result = stream.result if stream.result is not None else stream.partial(job.stopped_by)
-            stream.close()
-            job.put("done", result)
+            if job.task is not None:
+                job.put("started", None)
+                job.put("done", job.task(self.engine))
+            else:
+                result = self._generate(job)
         except RpcServerLostError as e:  # every later request would fail too: /health says so
             self.state, self.error = "lost", str(e)
             job.put("error", e)
@@ -217,3 +216,21 @@ class Worker:
         finally:
             self._running = None
         self.on_finish(job, result, waited)
+
+    def _generate(self, job: Job):
+        """Runs ``job``'s generation, handing its events over; its GenerationResult."""
+        if job.prepare is not None:
+            job.prompt, job.request = job.prepare(self.engine)
+        prompt = self.engine.format_chat(job.prompt) if job.chat else job.prompt
+        stream = self.engine.stream(prompt, job.request, cancel=job.should_stop)
+        job.put("started", None)
+        for chunk in stream.steps():
+            if chunk is not None:
+                job.put("chunk", chunk)
+            if job.should_stop():  # (a prompt cut short by it ends the stream too)
+                job.stopped_by = job.cancel_reason if job.cancelled.is_set() else "timeout"
+                break
+        result = stream.result if stream.result is not None else stream.partial(job.stopped_by)
+        stream.close()
+        job.put("done", result)
+        return result

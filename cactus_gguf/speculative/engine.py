@@ -239,6 +239,28 @@ class Engine:
                     c.clear()
             self._owner = None
 
+    def save_cache(self, path: str | Path) -> tuple[int, int]:
+        """Write the verifier's cache (its KV cache and any recurrent state: what the next
+        request's prefix reuse reads) and its tokens to ``path``, llama.cpp's state file.
+        Returns (tokens, bytes) written. Raises DecodeError when llama.cpp writes nothing."""
+        with self._lock:
+            ctx = self._live()
+            return ctx.n_past, ctx.save_file(path)
+
+    def restore_cache(self, path: str | Path) -> tuple[int, int]:
+        """Replace the verifier's cache by the one :meth:`save_cache` wrote (the same model and
+        n_ctx), so the next request that starts with its tokens reuses them; the draft's cache
+        (and an MTP head's) is emptied: it decodes its prompt again. Returns (tokens, bytes)
+        read. Raises DecodeError for a file llama.cpp cannot read (every cache is then empty)."""
+        with self._lock:
+            for c in (self.draft, self.mtp.head if self.mtp else None):
+                if c is not None:
+                    c.clear()
+            self._owner = None
+            ctx = self._live()
+            n = ctx.load_file(path)
+            return ctx.n_past, n
+
     # -- prompts -----------------------------------------------------------------------------------
 
     def tokenize(self, prompt: str) -> list[int]:
