@@ -17,8 +17,10 @@ actually diverges; docs/maths.md, "The emitted law"). See docs/run.md "What a ru
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from .stats_table import json_fields
 
 if TYPE_CHECKING:
     from .sampling.native import StepResult
@@ -227,18 +229,10 @@ class GenerationStats:
         return max(0.0, self.decode_seconds - self.draft_seconds - self.verify_seconds
                    - self.accept_seconds)
 
-    DERIVED = ("mean_accepted_length", "acceptance_rate", "mean_drafted_length",
-               "tokens_per_verifier_call", "tokens_per_second", "answer_seconds", "kl_mean",
-               "output_kl_mean",
-               "delta_mean", "vocab_coverage", "grammar_ms_per_token", "host_ms_per_step",
-               "backend_sampling_used", "other_seconds")
-
     def as_dict(self) -> dict:
-        """Every counter and derived figure, JSON-ready."""
-        d = asdict(self)
-        for name in self.DERIVED:
-            d[name] = getattr(self, name)
-        return d
+        """Every counter and derived figure, JSON-ready: the statistics table's ``json`` fields
+        (stats_table.py)."""
+        return json_fields(self)
 
 
 @dataclass
