@@ -161,7 +161,7 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
 
     @app.get("/metrics")
     async def metrics_route():
-        metrics.queue_depth.set(worker.waiting)
+        metrics.state(waiting=worker.waiting, processing=worker.processing)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")

@@ -225,9 +225,7 @@ class _Infill:
             settings.update(n_predict=0, max_tokens=0)
         returned = [] if self.warm_up else self._returned(result, limits)
         n = len(returned)
-        times = timings(s)  # predicted: the tokens returned (an early stop drops a step's rest)
-        times.update(predicted_n=n, predicted_per_token_ms=times["predicted_ms"] / max(n, 1),
-                     predicted_per_second=n / s.decode_seconds if s.decode_seconds > 0 else 0.0)
+        times = timings(s, n)  # predicted: the tokens returned (an early stop drops a step's rest)
         out = {"index": 0, "content": "" if self.warm_up else text,
                "tokens": returned if self.body.return_tokens else [],
                "id_slot": 0, "stop": True, "model": self.model_id,

@@ -1,103 +1,119 @@
-"""The server's Prometheus metrics (``GET /metrics``), with prometheus-client.
+"""The server's Prometheus metrics (``GET /metrics``), with prometheus-client, declared by the
+statistics table (stats_table.py): ours (``cactus_*``) and llama-server's (``llamacpp:*``).
 
-Counters of requests (by endpoint and HTTP status), tokens, verifier calls and draft forwards,
-generations by ``draft_vocab``; histograms per finished generation (an answer) of its time end to
-end, its verifier calls and tokens (the per-answer figures: what a client waits for), time to
-first token, decode speed, acceptance rate, acceptance length, KL and a foreign draft's
-``vocab_coverage``; the queue depth as a gauge. One registry per app, so
-two servers in one process do not mix.
+Ours: counters of requests (by endpoint and HTTP status), tokens, verifier calls and draft
+forwards, generations by ``draft_vocab``; histograms per finished generation (an answer) of its
+time end to end, its verifier calls and tokens (the per-answer figures: what a client waits for),
+time to first token, decode speed, acceptance rate, acceptance length, KL and a foreign draft's
+``vocab_coverage``; the queue depth as a gauge. llama-server's: its counters (summed over
+finished generations), its throughput gauges (Σ tokens / Σ seconds since the last read) and its
+request gauges, after ours in llama-server's own text (server-task.cpp ``to_metrics``: its names,
+help and types). One registry per app, so two servers in one process do not mix.
 """
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.utils import floatToGoString
+
+from ..stats_table import LLAMA_METRICS, METRICS, value_of
 
 __all__ = ["Metrics", "CONTENT_TYPE_LATEST"]
 
-_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-_RATE = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+_KINDS = {"counter": Counter, "by_value": Counter, "histogram": Histogram, "gauge": Gauge}
 
 
 class Metrics:
+    """The registry: ``requests`` (labels endpoint, status) and ``queue_depth`` are the server's
+    to set; ``finished`` records a generation; ``state`` the server's state before a render."""
+
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("cactus_requests", "HTTP requests by endpoint and status",
-                                ["endpoint", "status"], registry=r)
-        self.prompt_tokens = Counter("cactus_prompt_tokens", "prompt tokens of finished requests",
-                                     registry=r)
-        self.prompt_tokens_reused = Counter(
-            "cactus_prompt_tokens_reused", "prompt tokens the verifier's KV cache already held",
-            registry=r)
-        self.completion_tokens = Counter("cactus_completion_tokens", "generated tokens",
-                                         registry=r)
-        self.drafted = Counter("cactus_drafted_tokens", "draft tokens proposed", registry=r)
-        self.accepted = Counter("cactus_accepted_tokens", "draft tokens accepted", registry=r)
-        self.verifier_calls = Counter("cactus_verifier_calls",
-                                      "verifier forward passes of generations (steps)", registry=r)
-        self.draft_forwards = Counter("cactus_draft_forwards",
-                                      "draft-model forward passes of generations", registry=r)
-        self.answer_seconds = Histogram("cactus_answer_seconds",
-                                        "one answer end to end: prompt processing plus decoding",
-                                        buckets=_SECONDS, registry=r)
-        self.answer_verifier_calls = Histogram(
-            "cactus_answer_verifier_calls", "verifier calls of one answer",
-            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000), registry=r)
-        self.answer_tokens = Histogram(
-            "cactus_answer_tokens", "tokens of one answer",
-            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 4000), registry=r)
-        self.queue_depth = Gauge("cactus_queue_depth", "requests waiting for the engine",
-                                 registry=r)
-        self.ttft = Histogram("cactus_time_to_first_token_seconds",
-                              "time to the first token, prompt processing included",
-                              buckets=_SECONDS, registry=r)
-        self.tps = Histogram("cactus_tokens_per_second", "decode speed of a generation",
-                             buckets=(1, 2, 5, 10, 15, 20, 30, 50, 100, 200, 500), registry=r)
-        self.acceptance = Histogram("cactus_acceptance_rate", "accepted / drafted tokens",
-                                    buckets=_RATE, registry=r)
-        self.al = Histogram("cactus_acceptance_length",
-                            "accepted drafts per verification step (AL; the residual / bonus "
-                            "token not counted: vLLM's mean acceptance length is AL + 1)",
-                            buckets=(0.5, 1, 1.5, 2, 3, 4, 6, 8, 12, 16), registry=r)
-        self.kl = Histogram("cactus_kl_mean_nats", "mean KL(h || q) of the acceptance target",
-                            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4), registry=r)
-        self.output_kl = Histogram("cactus_output_kl_mean_nats",
-                                   "mean KL(P || q) of the emitted tokens' law, per token",
-                                   buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4),
-                                   registry=r)
-        self.draft_vocab = Counter(
-            "cactus_draft_vocab_generations", "finished generations with a draft model, by how "
-            "its tokens reached the verifier (same, map, intersect, text)", ["draft_vocab"],
-            registry=r)
-        self.vocab_coverage = Histogram(
-            "cactus_vocab_coverage", "a draft of another vocabulary: the verifier's mean "
-            "probability mass on the tokens the draft can propose, per generation",
-            buckets=_RATE, registry=r)
+        #: our metrics by name (``cactus_requests`` ...), each with the field that feeds it
+        self.by_name: dict[str, tuple] = {}
+        for field, m in METRICS:
+            kw = {"buckets": m.buckets} if m.kind == "histogram" else {}
+            metric = _KINDS[m.kind](m.name, m.help, list(m.labels), registry=r, **kw)
+            self.by_name[m.name] = (field, m, metric)
+        self.requests = self.by_name["cactus_requests"][2]
+        self.queue_depth = self.by_name["cactus_queue_depth"][2]
+        self.llama = _LlamaMetrics()
 
     def finished(self, stats) -> None:
         """Record one finished generation's statistics (a GenerationStats)."""
-        self.prompt_tokens.inc(stats.n_prompt_tokens)
-        self.prompt_tokens_reused.inc(stats.n_prompt_tokens_reused)
-        self.completion_tokens.inc(stats.n_tokens)
-        self.drafted.inc(stats.n_drafted)
-        self.accepted.inc(stats.n_accepted)
-        self.verifier_calls.inc(stats.n_steps)
-        self.draft_forwards.inc(stats.n_draft_forwards)
-        self.answer_seconds.observe(stats.answer_seconds)
-        self.answer_verifier_calls.observe(stats.n_steps)
-        self.answer_tokens.observe(stats.n_tokens)
-        if stats.first_token_seconds:
-            self.ttft.observe(stats.first_token_seconds)
-        if stats.tokens_per_second:
-            self.tps.observe(stats.tokens_per_second)
-        if stats.draft_vocab is not None:
-            self.draft_vocab.labels(stats.draft_vocab).inc()
-        if stats.vocab_coverage is not None:
-            self.vocab_coverage.observe(stats.vocab_coverage)
-        if stats.n_drafted:
-            self.acceptance.observe(stats.acceptance_rate)
-            self.al.observe(stats.mean_accepted_length)
-            self.kl.observe(stats.kl_mean)
-            self.output_kl.observe(stats.output_kl_mean)
+        for field, m, metric in self.by_name.values():
+            if field.source != "stats":
+                continue
+            value = value_of(field, stats)
+            if (m.when == "nonzero" and not value) or (m.when == "given" and value is None) \
+                    or (m.when == "drafted" and not stats.n_drafted):
+                continue
+            if m.kind == "counter":
+                metric.inc(value)
+            elif m.kind == "by_value":
+                metric.labels(value).inc()
+            else:
+                metric.observe(value)
+        self.llama.finished(stats)
+
+    def state(self, *, waiting: int, processing: int) -> None:
+        """The server's state, set before a render: requests waiting, and running (0 or 1)."""
+        self.queue_depth.set(waiting)
+        self.llama.states.update(queue_depth=waiting, requests_processing=processing)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + self.llama.text().encode()
+
+
+class _LlamaMetrics:
+    """llama-server's ``llamacpp:*`` metrics, folded over finished generations (stats_table.py
+    LlamaMetric: sum, max, rate, window) and the server's state."""
+
+    def __init__(self) -> None:
+        self.totals = {m.name: (0.0, 0.0) if m.fold in ("rate", "window") else 0.0
+                       for _, m in LLAMA_METRICS}
+        self.states: dict[str, float] = {}
+        self.lock = threading.Lock()  # finished: the worker's thread; text: the event loop's
+
+    def finished(self, stats) -> None:
+        with self.lock:
+            self._fold(stats)
+
+    def _fold(self, stats) -> None:
+        for field, m in LLAMA_METRICS:
+            if m.fold == "state":
+                continue
+            value = m.value(stats) if m.value is not None else value_of(field, stats)
+            have = self.totals[m.name]
+            if m.fold in ("rate", "window"):
+                self.totals[m.name] = (have[0] + value[0], have[1] + value[1])
+            elif m.fold == "max":
+                self.totals[m.name] = max(have, value)
+            else:
+                self.totals[m.name] = have + value
+
+    def text(self) -> str:
+        """llama-server's exposition, line for line (server-task.cpp ``to_metrics``: HELP, TYPE
+        and the sample under the same name; a counter's name is its whole name). A read ends the
+        throughput gauges' window, as llama-server's does."""
+        with self.lock:
+            return self._text()
+
+    def _text(self) -> str:
+        lines = []
+        for field, m in LLAMA_METRICS:
+            if m.fold == "state":
+                value = self.states.get(field.name, 0)
+            elif m.fold in ("rate", "window"):
+                num, den = self.totals[m.name]
+                value = num / den if den > 0 else 0.0
+                if m.fold == "window":  # averaged over the window between two reads
+                    self.totals[m.name] = (0.0, 0.0)
+            else:
+                value = self.totals[m.name]
+            name = f"llamacpp:{m.name}"
+            lines += [f"# HELP {name} {m.help}", f"# TYPE {name} {m.kind}",
+                      f"{name} {floatToGoString(value)}"]
+        return "\n".join(lines) + "\n"

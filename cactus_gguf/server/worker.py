@@ -125,6 +125,11 @@ class Worker:
         """Jobs queued behind the running one."""
         return max(0, self._outstanding - 1)
 
+    @property
+    def processing(self) -> int:
+        """Jobs running: 1 or 0 (llama-server's ``requests_processing``)."""
+        return 0 if self._running is None else 1
+
     def submit(self, job: Job) -> None:
         """Queue ``job``; QueueFullError when one job runs and max_queue jobs already wait."""
         if self.stopping:
