@@ -6,25 +6,31 @@ import click
 from ..errors import CactusError
 from ..options import CONSTRAINTS
 from ..options.rule import rule_words
+from ..stats_table import fmt
 from .group import (configure_logging, exit_interrupted, interrupt_pending, model_command,
                     models_from_arguments, report_error)
 from .params import given
 
 
 def summary(result, request) -> str:
-    """The one-line summary on stderr."""
+    """The one-line summary on stderr: the statistics table's ``summary`` fields
+    (stats_table.py), each in its number format."""
     s = result.stats
+
+    def f(name: str) -> str:
+        return fmt(s, name)
+
     # the answer first (what the user waited for), then the per-token figures
-    calls = f"{s.n_steps} verifier calls" + (f", {s.n_draft_forwards} draft forwards"
-                                             if request.speculates else "")
-    parts = [f"answer {s.answer_seconds:.2f} s end to end ({calls})",
-             f"{s.n_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.2f} tok/s)",
-             f"prompt {s.n_prompt_tokens} tokens in {s.prefill_seconds:.2f} s"]
+    calls = f"{f('n_steps')} verifier calls" + (f", {f('n_draft_forwards')} draft forwards"
+                                                if request.speculates else "")
+    parts = [f"answer {f('answer_seconds')} s end to end ({calls})",
+             f"{f('n_tokens')} tokens in {f('decode_seconds')} s ({f('tokens_per_second')} tok/s)",
+             f"prompt {f('n_prompt_tokens')} tokens in {f('prefill_seconds')} s"]
     if not request.speculates:
         parts.append("method none (verifier alone)")
     else:
         rule = rule_words(request)  # the acceptance rule and each of its settings (the table's)
-        k = (f"k=auto (<= {request.k_max}, {s.n_drafted / max(1, s.n_steps):.2f} drafted/step)"
+        k = (f"k=auto (<= {request.k_max}, {f('mean_drafted_length')} drafted/step)"
              if request.k == "auto" else f"k={request.k}")
         drafted = f" drafter {request.drafter}" if request.drafter != "model" else ""
         if request.draft_temp is not None and request.draft_temperature is not None:
@@ -32,25 +38,25 @@ def summary(result, request) -> str:
         parts.append(f"{rule} {k}{drafted}")
         if s.draft_vocab not in (None, "same"):
             # a ceiling on what drafts could have had accepted: nothing to say when none ran
-            cover = (f", the verifier's mass on the shared tokens {s.vocab_coverage:.1%}"
+            cover = (f", the verifier's mass on the shared tokens {f('vocab_coverage')}"
                      if s.vocab_coverage is not None and s.n_drafted else "")
-            parts.append(f"draft vocabulary: {s.draft_vocab}{cover}")
+            parts.append(f"draft vocabulary: {f('draft_vocab')}{cover}")
         if request.k == "auto" and s.n_drafted == 0 and s.draft_stopped_at is None:
             parts.append("drafted nothing (no draft length paid for itself here; -k N forces one)")
         else:
-            parts.append(f"accepted {s.mean_accepted_length:.2f}/step, acceptance "
-                         f"{s.acceptance_rate:.1%}, {s.tokens_per_verifier_call:.2f} tokens/verifier "
-                         "call")
-        parts.append(f"output KL {s.output_kl_mean:.3f}/token (max {s.output_kl_max:.3f}, "
-                     f"sum {s.output_kl_sum:.2f}) nats, target KL {s.kl_mean:.3f}")
-        parts.append(f"draft {s.draft_seconds:.2f} s, verify {s.verify_seconds:.2f} s, host "
-                     f"{s.host_ms_per_step:.2f} ms/step")
+            parts.append(f"accepted {f('mean_accepted_length')}/step, acceptance "
+                         f"{f('acceptance_rate')}, {f('tokens_per_verifier_call')} "
+                         "tokens/verifier call")
+        parts.append(f"output KL {f('output_kl_mean')}/token (max {f('output_kl_max')}, "
+                     f"sum {f('output_kl_sum')}) nats, target KL {f('kl_mean')}")
+        parts.append(f"draft {f('draft_seconds')} s, verify {f('verify_seconds')} s, host "
+                     f"{f('host_ms_per_step')} ms/step")
         if s.draft_stopped_at is not None:
-            parts.append(f"drafting stopped at token {s.draft_stopped_at} ({s.draft_stop_reason}): "
-                         "the verifier alone after it")
+            parts.append(f"drafting stopped at token {f('draft_stopped_at')} "
+                         f"({f('draft_stop_reason')}): the verifier alone after it")
     constraint = next((n for n in CONSTRAINTS if getattr(request, n) not in (None, False)), None)
     if constraint is not None:
-        parts.append(f"{constraint.replace('_', ' ')}: {s.grammar_ms_per_token:.3f} ms/token masks")
+        parts.append(f"{constraint.replace('_', ' ')}: {f('grammar_ms_per_token')} ms/token masks")
     if result.placement:
         parts.append(", ".join(f"{role}: {p.summary()}" for role, p in result.placement.items()))
     stop = result.stop_reason + (f" ({result.message})" if result.message else "")
