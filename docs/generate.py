@@ -1,14 +1,16 @@
 """Regenerate the generated parts of docs/: ``python docs/generate.py`` (no argument: rewrite them
 in place; ``--check``: exit 1 and name each stale block, changing nothing).
 
-Two kinds of block, each between ``<!-- NAME ... -->`` and ``<!-- /NAME -->`` markers:
+The blocks, each between ``<!-- NAME ... -->`` and ``<!-- /NAME -->`` markers:
 
 - docs/options.md: ``options:run``, ``options:bench``, ``options:serve``, the flag tables that
   ``python -m cactus_gguf.options COMMAND`` prints from the one options table;
+- docs/statistics.md: ``statistics``, the table of result fields (cactus_gguf/stats_table.py);
 - docs/layout.md: ``layout``, one row per source file git tracks, the first sentence of its module
   docstring (Python) or of its opening comment (C: the text after ``name.c -``).
 
-tests/test_options.py and tests/test_docs.py check that each block is what this script writes.
+tests/test_options.py, tests/test_stats_table.py and tests/test_docs.py check that each block is
+what this script writes.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONS_DOC = ROOT / "docs" / "options.md"
 LAYOUT_DOC = ROOT / "docs" / "layout.md"
+STATISTICS_DOC = ROOT / "docs" / "statistics.md"
 COMMANDS = ("run", "bench", "serve")
 
 # the folders the layout lists, in this order, with a line saying what each is
@@ -102,8 +105,10 @@ def generated() -> dict[tuple[Path, str], str]:
     """Every generated block: (file, block name) -> its body."""
     sys.path.insert(0, str(ROOT))
     from cactus_gguf.options import markdown_table
+    from cactus_gguf.stats_table import markdown_table as statistics_table
 
     out = {(OPTIONS_DOC, f"options:{c}"): markdown_table(c) for c in COMMANDS}
+    out[(STATISTICS_DOC, "statistics")] = statistics_table()
     out[(LAYOUT_DOC, "layout")] = layout_table()
     return out
 
