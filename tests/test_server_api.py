@@ -335,7 +335,7 @@ def test_completion_stop_words_and_response_fields(server):
     ({"repeat_penalty": 1.1}, "repeat_penalty"), ({"n_indent": 4}, "n_indent"),
     ({"t_max_predict_ms": 500}, "t_max_predict_ms"), ({"id_slot": 3}, "id_slot"),
     ({"n_probs": -2}, "n_probs"), ({"speculative": {"top_gap": -1}}, "speculative.top_gap"),
-    ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [999999]}, "prompt"),
+    ({"prompt": ["a", "b"], "stream": True}, "prompt"), ({"prompt": [999999]}, "prompt"),
     ({"lora": [{"id": 0, "scale": 1}]}, "lora"), ({"samplers": ["top_k"]}, "samplers"),
 ])
 def test_completion_errors_are_llama_servers_naming_the_field(server, fields, param):

@@ -326,3 +326,53 @@ def test_a_slot_saved_and_restored_keeps_its_prompt_across_restarts(tmp_path, ki
     with LiveServer(model, "-t", "1", "--method", "none") as s:  # no --slot-save-path
         r = post(s, "/slots/0?action=save", {"filename": "x.bin"})
         assert r.status_code == 501 and "--slot-save-path" in r.json()["error"]["message"]
+
+
+def test_a_json_object_with_a_schema_follows_it(server):
+    """llama-server's ``{"type": "json_object", "schema": ...}``: the answer is JSON of that
+    schema (the tiny model's free choices stay inside the enum)."""
+    schema = {"type": "object", "properties": {"unit": {"enum": ["c", "f"]}},
+              "required": ["unit"], "additionalProperties": False}
+    r = post(server, "/v1/chat/completions", {**HELLO, "max_tokens": 40, "response_format": {
+        "type": "json_object", "schema": schema}}).json()
+    assert json.loads(r["choices"][0]["message"]["content"]) in ({"unit": "c"}, {"unit": "f"})
+
+
+def test_n_choices_and_several_prompts_each_get_their_answer(server):
+    """``n`` > 1 and batched prompts: choice j of a prompt is the answer with the request's seed
+    + j, so choice 0 is the n = 1 answer; usage adds up every choice."""
+    one = post(server, "/v1/chat/completions", {**HELLO, "temperature": 1.0}).json()
+    two = post(server, "/chat/completions", {**HELLO, "temperature": 1.0, "n": 2}).json()
+    assert [c["index"] for c in two["choices"]] == [0, 1]
+    assert two["choices"][0]["message"] == one["choices"][0]["message"]
+    seed2 = post(server, "/v1/chat/completions", {**HELLO, "temperature": 1.0,
+                                                  "seed": HELLO["seed"] + 1}).json()
+    assert two["choices"][1]["message"] == seed2["choices"][0]["message"]
+    assert two["usage"]["completion_tokens"] == 12
+    assert two["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+    c = client(server)
+    batch = c.completions.create(model="m", prompt=["the cat", [3, 4, 5]], max_tokens=3, n=2,
+                                 seed=1, temperature=0)
+    assert [ch.index for ch in batch.choices] == [0, 1, 2, 3]
+    alone = c.completions.create(model="m", prompt=[3, 4, 5], max_tokens=3, seed=1,
+                                 temperature=0)
+    assert batch.choices[2].text == alone.choices[0].text
+    r = post(server, "/v1/chat/completions", {**HELLO, "n": 2, "stream": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    r = post(server, "/v1/completions", {"prompt": ["a", "b"], "suffix": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+def test_completion_answers_each_prompt_of_a_batch(server):
+    """llama-server's batched prompts on /completion: a JSON array, one answer per prompt (ids,
+    text, ids mixed with text), each as the prompt alone gets it."""
+    ids = post(server, "/tokenize", {"content": "the cat"}).json()["tokens"]
+    ask = {"n_predict": 3, "temperature": 0, "seed": 1}
+    batch = post(server, "/completion", {"prompt": [ids, "a dog", [ids[0], " sat"]], **ask})
+    answers = batch.json()
+    assert batch.status_code == 200 and [a["index"] for a in answers] == [0, 1, 2]
+    for prompt, answer in zip((ids, "a dog", [ids[0], " sat"]), answers):
+        assert answer["content"] == post(server, "/completion",
+                                         {"prompt": prompt, **ask}).json()["content"]
+    r = post(server, "/completion", {"prompt": ["a", "b"], "stream": True, **ask})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"

@@ -117,7 +117,8 @@ class LlamaCompletionRequest(_Common):
 
     POST_SAMPLING_PROBS: ClassVar[bool] = False  # n_probs: the raw log-softmax, as llama-server
 
-    prompt: Union[Mixed, PromptObject]
+    # one prompt, or several (llama-server's batch: one answer each, as a JSON array)
+    prompt: Union[Mixed, PromptObject, list[Union[str, list[Union[int, str]], PromptObject]]]
     n_probs: int | None = None
     post_sampling_probs: bool | None = None
     return_tokens: bool = False
@@ -306,6 +307,10 @@ async def completion(body: LlamaCompletionRequest, request: HttpRequest):
     except CactusError as e:
         return llama_error_of(e, redact, body)
 
+    prompts = split_prompts(body.prompt)
+    if len(prompts) > 1:
+        return await _batch(request, body, req, prompts)
+
     def prepare(engine):  # on the worker: the prompt's token ids
         return prompt_ids(engine, body.prompt), req
 
@@ -326,6 +331,48 @@ async def completion(body: LlamaCompletionRequest, request: HttpRequest):
                                    shutdown_grace_period=config.shutdown_grace + 5)
     return await watch.answer(lambda text, result: shape.final(text, result, job.stopped_by),
                               failed)
+
+
+def split_prompts(prompt) -> list:
+    """llama-server's prompts of a body: a string, token ids, ids mixed with text, or a prompt
+    object is one prompt; a list of strings, of id lists or of prompt objects is one prompt each."""
+    if isinstance(prompt, (str, PromptObject)) or not prompt:
+        return [prompt]
+    if any(isinstance(p, int) for p in prompt) and all(isinstance(p, (int, str)) for p in prompt):
+        return [prompt]  # ids, perhaps mixed with text
+    return list(prompt)
+
+
+async def _batch(request: HttpRequest, body: LlamaCompletionRequest, req, prompts: list):
+    """Several prompts, answered one after another on the engine: llama-server's JSON array of
+    final objects, each with its ``index``. Not streamed (a 400 says so)."""
+    if body.stream:
+        raise InputError("stream answers one prompt here: send one prompt per request (or leave "
+                         "stream out)", param="prompt")
+    state = request.app.state
+    config, worker, redact = state.config, state.worker, state.redact
+    out = []
+    for index, prompt in enumerate(prompts):
+        def failed(e):
+            return llama_error_of(e, redact, body)
+
+        job = Job(prompt=None, request=req, chat=False, loop=asyncio.get_running_loop(),
+                  deadline=time.perf_counter() + config.request_timeout,
+                  prepare=lambda engine, p=prompt: (prompt_ids(engine, p), req))
+        watch = await submit(worker, job, request, failed)
+        if isinstance(watch, Response):
+            return watch
+        ids = job.prompt
+        shape = _Completion(body, req, config.model_id,
+                            worker.engine.verifier.model.detokenize(ids, special=True), len(ids),
+                            lambda result: speculative_block(req, result))
+        answer = await watch.answer(
+            lambda text, result, shape=shape, job=job: shape.final(text, result, job.stopped_by),
+            failed)
+        if isinstance(answer, Response):
+            return answer
+        out.append({**answer, "index": index})
+    return out
 
 
 def error_event(e, redact) -> dict:

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request as HttpRequest
 from fastapi.responses import Response
 from sse_starlette.sse import EventSourceResponse
 
+from ..errors import InputError
 from .core import Watch, not_ready, stream, submit
 from .fim import SuffixPlan
 from .http_errors import error, error_of
@@ -26,7 +27,7 @@ from .logprobs import openai_chat, openai_completion
 from .prompts import chat_prompt
 from .report import speculative_block, system_fingerprint, timings
 from .schemas import (ChatCompletionRequest, CompletionRequest, chat_format, chat_messages,
-                      completion_prompt, to_request)
+                      completion_prompts, to_request)
 from .tools import ToolPlan
 from .worker import Job
 
@@ -41,15 +42,21 @@ router = APIRouter()
 @router.post("/v1/chat/completions")
 @router.post("/chat/completions")  # llama-server's alias: a client whose base URL lacks /v1
 async def chat(body: ChatCompletionRequest, request: HttpRequest):
-    tools = ToolPlan.of(body)  # None: no tools, no calls in the history
-    return await _generate(request, body, chat_messages(body) if tools is None else None,
-                           True, plan=tools)
+    def choice(i: int):
+        tools = ToolPlan.of(body)  # None: no tools, no calls in the history; one per choice
+        return (chat_messages(body) if tools is None else None), tools
+
+    return await _generate(request, body, True, choice, body.n)
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: HttpRequest):
-    fim = SuffixPlan.of(body)  # a suffix: fill in the middle
-    return await _generate(request, body, completion_prompt(body) if fim is None else None,
-                           False, plan=fim)
+    prompts = completion_prompts(body)
+
+    def choice(i: int):  # prompt i // n
+        fim = SuffixPlan.of(body)  # a suffix: fill in the middle (one prompt)
+        return (prompts[i // body.n] if fim is None else None), fim
+
+    return await _generate(request, body, False, choice, len(prompts) * body.n)
 
 @router.post("/v1/chat/completions/input_tokens")
 @router.post("/chat/completions/input_tokens")
@@ -149,8 +156,12 @@ def error_event(e, redact=lambda text: text) -> dict:
         "param": getattr(e, "param", None), "code": getattr(e, "code", None)}})}
 
 
-async def _generate(request: HttpRequest, body, prompt, chat: bool, plan=None) -> Response:
-    """An OpenAI answer, streamed or not."""
+async def _generate(request: HttpRequest, body, chat: bool, choice, count: int) -> Response:
+    """An OpenAI answer of ``count`` choices, streamed or not: ``choice(i)`` gives choice i's
+    (prompt, plan) (:func:`start`)."""
+    if count > 1:
+        return await _several(request, body, chat, choice, count)
+    prompt, plan = choice(0)
     started = await start(request, body, prompt, chat, plan)
     if isinstance(started, Response):
         return started
@@ -167,6 +178,43 @@ async def _generate(request: HttpRequest, body, prompt, chat: bool, plan=None) -
         lambda e: error_of(e, state.redact, body),
         # tool calls: parsed as the text comes, so a stop string in the content ends the job
         **({} if shape.tools is None else {"piece": lambda chunk: shape.tools.take(chunk.text)}))
+
+
+async def _several(request: HttpRequest, body, chat: bool, choice, count: int) -> Response:
+    """Several choices (``n`` > 1, or several prompts), generated one after another on the
+    engine: choice i of prompt p is index p * n + i, its seed the request's + i (so choice 0 is
+    the answer of n = 1). Not streamed (a 400 says so). ``usage`` adds up every choice (each
+    prompt counted once), ``speculative`` is the first choice's, and each choice carries its
+    own."""
+    if body.stream:
+        raise InputError("stream answers one choice here: send n = 1 and one prompt per request "
+                         "(or leave stream out)", param="n" if body.n > 1 else "prompt")
+    state, answers = request.app.state, []
+    for i in range(count):
+        j = i % body.n
+        b = body if j == 0 or body.seed is None else body.model_copy(
+            update={"seed": body.seed + j})
+        prompt, plan = choice(i)
+        started = await start(request, b, prompt, chat, plan)
+        if isinstance(started, Response):
+            return started
+        job, shape = started.job, started.shape
+        answer = await started.watch.answer(
+            lambda text, result: shape.response(text, result, job.stopped_by),
+            lambda e: error_of(e, state.redact, body),
+            **({} if shape.tools is None else {"piece": lambda c: shape.tools.take(c.text)}))
+        if isinstance(answer, Response):
+            return answer
+        answers.append((j, answer))
+    first = answers[0][1]
+    usage = {"prompt_tokens": sum(a["usage"]["prompt_tokens"] for j, a in answers if j == 0),
+             "completion_tokens": sum(a["usage"]["completion_tokens"] for _, a in answers)}
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    usage["prompt_tokens_details"] = {"cached_tokens": sum(
+        a["usage"]["prompt_tokens_details"]["cached_tokens"] for j, a in answers if j == 0)}
+    choices = [{**a["choices"][0], "index": i, "speculative": a["speculative"]}
+               for i, (_, a) in enumerate(answers)]
+    return {**first, "choices": choices, "usage": usage}
 
 
 class _Shape:

@@ -40,6 +40,7 @@ from .logprobs import request_fields as logprob_fields
 from .speculative import SPECULATIVE_FIELDS, Speculative
 
 MAX_STOP = 4  # OpenAI's limit on stop strings
+MAX_N = 16  # choices per prompt (n); the prompts x n choices are generated one after another
 
 # Strict types, as OpenAI validates: no "3" for 3, no "yes" for true (an int is a valid float).
 _STRICT = ConfigDict(strict=True)
@@ -60,11 +61,14 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    """OpenAI's ``response_format``: ``text`` (no constraint), ``json_object``, ``json_schema``."""
+    """OpenAI's ``response_format``: ``text`` (no constraint), ``json_object``, ``json_schema``;
+    llama-server's ``{"type": "json_object", "schema": {...}}``: JSON following the schema."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    # llama-server's: a json_object that follows this schema
+    schema_: Union[dict[str, Any], bool, None] = Field(default=None, alias="schema")
 
 
 class StreamOptions(BaseModel):
@@ -121,7 +125,8 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: Union[str, list[str], list[int]]
+    # a prompt (text or ids) or several (texts, id lists, or both): one choice each
+    prompt: Union[str, list[int], list[Union[str, list[int]]]]
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
@@ -180,8 +185,8 @@ def unsupported(body: _Common) -> tuple[str, str] | None:
         return "samplers", ("samplers is not supported by this server: both models are warped "
                             "by top_k, top_p, min_p, then temperature (llama.cpp's default order), "
                             "so the acceptance test compares like with like: leave it out")
-    if body.n != 1:
-        return "n", f"only n=1 is supported (one choice per request), got {body.n}"
+    if not 1 <= body.n <= MAX_N:
+        return "n", f"n must be in [1, {MAX_N}] (choices per prompt), got {body.n}"
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(body, name):
             return name, f"{name} is not supported by this server (only 0)"
@@ -220,7 +225,9 @@ def constraint_fields(body: _Common) -> dict[str, Any]:
     given = {}
     rf = body.response_format
     if rf is not None:
-        if rf.type == "json_object":
+        if rf.type == "json_object" and rf.schema_ is not None:  # llama-server's extension
+            given["json_schema"] = rf.schema_
+        elif rf.type == "json_object":
             given["json_object"] = True
         elif rf.type == "json_schema":
             if rf.json_schema is None or rf.json_schema.schema_ is None:
@@ -329,14 +336,24 @@ def chat_format(body: ChatCompletionRequest) -> dict[str, Any]:
             "continue_final_message": body.continue_final_message}
 
 
-def completion_prompt(body: CompletionRequest) -> str | list[int]:
-    """One prompt: a string, a one-string list, or token ids."""
+def completion_prompts(body: CompletionRequest) -> list[str | list[int]]:
+    """The prompts of a body, each a string or token ids: one, or a list of several (strings or
+    id lists, OpenAI's batched prompt). InputError for an empty one."""
     p = body.prompt
-    if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
-        if len(p) != 1:
-            raise InputError(f"only one prompt per request is supported, got {len(p)}",
-                             param="prompt")
-        return p[0]
-    if isinstance(p, list) and not p:
+    if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
+        return [p]  # token ids: one prompt
+    prompts = p if isinstance(p, list) else [p]
+    if not prompts or any(len(x) == 0 for x in prompts):
         raise InputError("the prompt is empty", param="prompt")
-    return p
+    if any(isinstance(x, int) for x in prompts):
+        raise InputError("prompt: token ids and strings cannot be mixed in one list (give a "
+                         "list of id lists and strings for several prompts)", param="prompt")
+    return prompts
+
+
+def completion_prompt(body: CompletionRequest) -> str | list[int]:
+    """The one prompt of a body (completion_prompts); InputError when it has several."""
+    prompts = completion_prompts(body)
+    if len(prompts) != 1:
+        raise InputError(f"this needs one prompt, got {len(prompts)}", param="prompt")
+    return prompts[0]
