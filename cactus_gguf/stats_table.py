@@ -6,8 +6,9 @@ outputs that show it (``OUTPUTS``: ``json`` = ``run --json`` and the bench's run
 ``summary`` = run's line on stderr, ``speculative`` = the server's ``speculative`` block,
 ``timings`` = llama-server's ``timings``, ``metrics`` = ``GET /metrics``, ``bench`` = what the
 benchmark's summary reads off each run record: it pools the counters itself, so AL and the
-acceptance rate of its tables are computed there from ``n_accepted`` / ``n_drafted`` / ``n_steps``) and, where llama-server has the figure, its name
-(``timings`` key, ``llamacpp:*`` metric). A few fields exist for one output only: llama-server's
+acceptance rate of its tables are computed there from ``n_accepted`` / ``n_drafted`` /
+``n_steps``) and, where llama-server has the figure, its name (``timings`` key, ``llamacpp:*``
+metric). A few fields exist for one output only: llama-server's
 ``timings`` figures that are not ours (``prompt_n``, ``predicted_ms``: their own rows, named by
 llama-server), and the server's state on ``/metrics`` (``source="server"``: not a generation's).
 
@@ -15,7 +16,8 @@ Generated here: :func:`json_fields` (``GenerationStats.as_dict``), :func:`specul
 (server/report.py ``speculative_block``), :func:`timings`, the metric declarations
 (server/metrics.py builds its registry from :data:`METRICS` and :data:`LLAMA_METRICS`) and
 :func:`markdown_table` (docs/statistics.md). The summary line (cli/run.py) formats each figure with
-the field's ``fmt``; tests/test_stats_table.py checks that every output shows exactly its fields. Imports nothing of the package.
+the field's ``fmt``; tests/test_stats_table.py checks that every output shows exactly its fields.
+Imports nothing of the package.
 """
 from __future__ import annotations
 
@@ -58,8 +60,8 @@ class LlamaMetric:
     value), ``rate`` (the field's ``value`` gives (numerator, denominator) per generation; the
     gauge is Σ numerator / Σ denominator, 0 before any), ``window`` (the same over the
     generations since the last read of ``/metrics``: llama-server's throughput gauges) or
-    ``state`` (a server field, set when ``/metrics`` is read). ``value``: what one generation adds, when it is not the field's own
-    value."""
+    ``state`` (a server field, set when ``/metrics`` is read). ``value``: what one generation
+    adds, when it is not the field's own value."""
 
     name: str
     kind: str
