@@ -1,0 +1,533 @@
+"""llama.cpp's own server tests (``tools/server/tests`` of the llama.cpp that the installed
+llama-cpp-python vendors), run unmodified against ``cactus-gguf serve`` through
+benchmarks/llama_server_shim.py, file by file, with a per-test timeout.
+
+    python benchmarks/llama_server_tests.py                  # every test file
+    python benchmarks/llama_server_tests.py test_basic.py    # some files
+    python benchmarks/llama_server_tests.py --report-only    # the README again from raw/
+
+Steps:
+
+1. the tests: the llama-cpp-python sdist of the installed version, downloaded and extracted by
+   cactus_gguf/llama/build.py (:func:`vendored_source`); its ``tools/server/tests`` and
+   ``models/templates`` (which some tests name by relative path) are kept in
+   ``<cache>/llama-server-tests/<version>/`` (``<cache>``: cactus-gguf's cache,
+   ``$CACTUS_GGUF_CACHE`` else ``~/.cache/cactus-gguf``);
+2. their packages: a virtual environment in that cache that sees this Python's packages
+   (``--system-site-packages``, so cactus-gguf and what is installed already are used as they
+   are) plus what requirements.txt lists and this Python lacks, and pytest-timeout;
+3. the models: Hugging Face is out of reach, so the shim serves local stand-ins (the JSON file
+   it reads: ``models.json`` in the cache): a tiny random-weight llama with ChatML as its chat
+   template (llama-server's fallback for these models, which have none) and its noisy copy as
+   the draft (tests/support/tiny_gguf.py) for the tinyllamas / stories models, the
+   same with FIM tokens for the infill model, and the registry's SmolLM2-135M-Instruct for the
+   larger instruct models. A file a test downloads itself (``download_file``) is put where it looks
+   first (``tests/tmp/<name>``);
+4. ``pytest unit/<file>`` per file with ``LLAMA_SERVER_BIN_PATH`` = the shim, a free ``PORT``,
+   ``--timeout`` per test, JUnit XML into ``raw/``; as llama.cpp's tests.sh by default, the tests
+   marked slow are left out (``-m "not slow"``; ``--slow`` runs them) and ``SLOW_TESTS`` is unset
+   (the tests that read it skip themselves);
+5. the report: each test passed, skipped, or not passed; a test that did not pass is *excluded*
+   when it needs what this server does not claim (``EXCLUDED_FILES``, ``EXCLUDED``: embeddings,
+   rerank, LoRA, multimodal, the model router, server-side MCP / tools, ``--parallel`` slots, or
+   asserting the text of the model the test downloads), else a *failure*, with the reason in
+   ``FAILURES`` (route missing, field missing, behaviour, needs a flag). ``results.json`` and
+   ``README.md`` go to ``--out`` (default benchmarks/results/llama-server-tests).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+SHIM = ROOT / "benchmarks" / "llama_server_shim.py"
+OUT = ROOT / "benchmarks" / "results" / "llama-server-tests"
+
+# whole files: what they test is a feature this server does not claim
+EXCLUDED_FILES = {
+    "test_embedding.py": "embeddings",
+    "test_rerank.py": "rerank",
+    "test_lora.py": "LoRA",
+    "test_vision_api.py": "multimodal",
+    "test_router.py": "the model router",
+    "test_mcp_servers.py": "server-side MCP tools",
+    "test_tools_builtin.py": "server-side tools (tools_builtin)",
+    "test_proxy.py": "server-side MCP tools (the web UI's MCP CORS proxy)",
+}
+# single tests (a name without its [parameters] stands for all of them): (category, why)
+TEXT = "asserts the model's text (its words or its tokenizer's counts)"
+PARALLEL = "--parallel slots"
+MULTIMODAL = "multimodal"
+EXCLUDED: dict[str, tuple[str, str]] = {
+    "test_basic.py::test_server_props": (PARALLEL, "total_slots == 2 (-np 2)"),
+    "test_basic.py::test_load_split_model": (TEXT, "stories15M's words"),
+    "test_chat_completion.py::test_chat_completion": (
+        TEXT, "stories260K's prompt token counts (n_prompt) and words"),
+    "test_chat_completion.py::test_chat_completion_cached_tokens": (
+        TEXT, "stories260K's prompt token counts"),
+    "test_chat_completion.py::test_chat_completion_stream": (TEXT, "stories260K's words"),
+    "test_chat_completion.py::test_chat_completion_with_openai_library": (
+        TEXT, "stories260K's words"),
+    "test_chat_completion.py::test_context_size_exceeded": (
+        PARALLEL, "n_ctx of the error is the slot's, n_ctx / n_slots"),
+    "test_chat_completion.py::test_context_size_exceeded_stream": (
+        PARALLEL, "n_ctx of the error is the slot's, n_ctx / n_slots"),
+    "test_compat_oai_responses.py::test_responses_with_openai_library": (
+        TEXT, "stories260K's words"),
+    "test_compat_anthropic.py::test_anthropic_tool_result_with_image": (
+        MULTIMODAL, "an image block to a text model (llama-server: 500)"),
+    "test_compat_anthropic.py::test_anthropic_vision_format_accepted": (
+        MULTIMODAL, "an image block to a text model (llama-server: 500)"),
+    "test_compat_anthropic.py::test_anthropic_vision_base64_with_multimodal_model": (
+        MULTIMODAL, "tinygemma3 and an image downloaded from Hugging Face"),
+    "test_completion.py::test_completion": (
+        TEXT, "stories260K's prompt token counts (n_prompt) and words"),
+    "test_completion.py::test_completion_stream": (
+        TEXT, "stories260K's prompt token counts and words"),
+    "test_completion.py::test_completion_with_openai_library": (TEXT, "stories260K's words"),
+    "test_completion.py::test_completion_stream_with_openai_library": (
+        TEXT, "stories260K's words"),
+    "test_completion.py::test_completion_stream_with_openai_library_stops": (
+        TEXT, "Phi-3.5-mini's joke (slow test; SmolLM2-135M stands in)"),
+    "test_completion.py::test_completion_parallel_slots": (PARALLEL, "requests on 2-4 slots"),
+    "test_completion.py::test_completion_unified": (PARALLEL, "several slots in one KV cache"),
+    "test_completion.py::test_n_probs_post_sampling": (
+        TEXT, "at least 10 candidates left after min-p for stories260K's first token"),
+    "test_completion.py::test_completion_prompt_cache": (
+        TEXT, "stories260K's prompt token counts ((40 + r) * 5 + 2)"),
+    "test_ctx_shift.py::test_ctx_shift_disabled_short_prompt": (
+        PARALLEL, "the slot's context is n_ctx / n_slots = 256 (and stories260K's token counts)"),
+    "test_ctx_shift.py::test_ctx_shift_disabled_long_prompt": (
+        PARALLEL, "the prompt exceeds the slot's context n_ctx / n_slots = 256, not n_ctx 512"),
+    "test_ctx_shift.py::test_ctx_shift_disabled_stream": (
+        TEXT, "stories260K never ends \"Once\" within 256 tokens; the stand-in samples its EOS"),
+    "test_infill.py::test_infill_without_input_extra": (TEXT, "stories260K-infill's words"),
+    "test_infill.py::test_infill_with_input_extra": (TEXT, "stories260K-infill's words"),
+    "test_speculative.py::test_slot_ctx_not_exceeded": (
+        TEXT, "\"Hello \" * 248 fits n_ctx 256 in stories15M's tokens, not the stand-in's bytes"),
+    "test_speculative.py::test_multi_requests_parallel": (TEXT, "stories15M's words"),
+    "test_slot_save.py::test_slot_save_restore_text_only_on_multimodal": (MULTIMODAL, "images"),
+    "test_slot_save.py::test_slot_save_restore_with_image": (MULTIMODAL, "images"),
+    "test_slot_save.py::test_slot_save_restore_with_two_images": (MULTIMODAL, "images"),
+    "test_slot_save.py::test_slot_save_restore_with_image_across_restart": (MULTIMODAL, "images"),
+    "test_slot_save.py::test_slot_save_restore_image_payload_larger_than_context": (
+        MULTIMODAL, "images"),
+    "test_slot_save.py::test_slot_restore_media_file_without_mmproj": (MULTIMODAL, "media"),
+}
+# the backlog: tests that fail on a route, field or behaviour of ours: (kind, why)
+ROUTE, FIELD, BEHAVIOUR, FLAG = "route missing", "field missing", "behaviour", "needs flag"
+FAILURES: dict[str, tuple[str, str]] = {
+    "test_basic.py::test_server_slots": (
+        ROUTE, "GET /slots is 404 (llama-server: 501 without --slots, the slots' state with it)"),
+    "test_chat_completion.py::test_completion_with_response_format": (
+        FIELD, "response_format {\"type\": \"json_object\", \"schema\": ...} (\"schema: Extra "
+        "inputs are not permitted\") and {\"type\": \"json_schema\"} without a schema"),
+    "test_chat_completion.py::test_invalid_chat_completion_req": (
+        BEHAVIOUR, "two assistant messages at the end are served (llama-server: 400 / 500)"),
+    "test_chat_completion.py::test_chat_completion_with_timings_per_token": (
+        FIELD, "timings_per_token: true is a 400"),
+    "test_chat_completion.py::test_logprobs": (
+        BEHAVIOUR, "the logprobs tokens joined differ from content by one U+FFFD where tokens "
+        "are partial UTF-8 sequences (the stand-in's random bytes; passes when the answer is "
+        "valid UTF-8)"),
+    "test_chat_completion.py::test_logprobs_stream": (
+        BEHAVIOUR, "as test_logprobs, streamed"),
+    "test_chat_completion.py::test_logit_bias": (FIELD, "logit_bias is a 400"),
+    "test_chat_completion.py::test_return_progress": (FIELD, "return_progress: true is a 400"),
+    "test_chat_completion.py::test_chat_completions_multiple_choices": (
+        FIELD, "n = 2 is a 400 (\"only n=1 is supported\")"),
+    "test_chat_completion.py::test_verbose_debug": (
+        FIELD, "\"verbose\": true gives no __verbose object (with the prompt)"),
+    "test_compat_anthropic.py::test_anthropic_messages_streaming": (
+        FIELD, "message_start's usage.input_tokens is 0 (llama-server: the prompt's tokens)"),
+    "test_compat_anthropic.py::test_anthropic_tool_use_basic": (
+        BEHAVIOUR, "tools with a chat template that never reads them (ChatML, llama-server's "
+        "fallback for stories260K) are a 400 (llama-server: its generic tool-call format)"),
+    "test_compat_anthropic.py::test_anthropic_tool_streaming": (
+        BEHAVIOUR, "tools with a template that never reads them are a 400 (as above)"),
+    "test_compat_anthropic.py::test_anthropic_streaming_content_block_indices": (
+        BEHAVIOUR, "tools with a template that never reads them are a 400 (as above)"),
+    "test_compat_anthropic.py::test_anthropic_empty_messages": (
+        BEHAVIOUR, "an empty messages list is a 400 (llama-server: served)"),
+    "test_compat_anthropic.py::test_anthropic_thinking": (
+        FIELD, "thinking {\"type\": \"enabled\"} is a 400"),
+    "test_compat_oai_responses.py::test_responses_stream_with_llama_telemetry": (
+        FIELD, "return_progress / timings_per_token on /responses: no prompt_progress events"),
+    "test_completion.py::test_completion_with_tokens_input": (
+        FIELD, "batched / mixed prompts on /completion (a list of token lists, "
+        "{\"prompt_string\": ...} objects): 400 \"prompt: Input should be a valid string\""),
+    "test_completion.py::test_logit_bias": (FIELD, "logit_bias is a 400"),
+    "test_ignore_eos.py::test_ignore_eos_populates_logit_bias": (
+        FIELD, "ignore_eos: true is a 400"),
+    "test_ignore_eos.py::test_ignore_eos_false_no_logit_bias": (
+        FIELD, "no logit_bias in the answer's generation settings"),
+    "test_kv_keep_only_active.py::test_clear_and_restore": (
+        FLAG, "--cache-ram (the host-memory prompt cache's size)"),
+    "test_kv_keep_only_active.py::test_disabled_with_flag": (
+        FLAG, "--cache-ram (the host-memory prompt cache's size)"),
+    "test_metrics.py::test_metrics_disabled": (
+        BEHAVIOUR, "/metrics is always served (llama-server: 501 without --metrics)"),
+    "test_metrics.py::test_metrics_prometheus_format": (
+        FIELD, "no Process-Start-Time-Unix header on /metrics"),
+    "test_metrics.py::test_metrics_prompt_processed_and_cached": (
+        FIELD, "no Process-Start-Time-Unix header on /metrics"),
+    "test_metrics.py::test_metrics_predicted_total_matches_requests": (
+        FIELD, "no Process-Start-Time-Unix header on /metrics"),
+    "test_metrics.py::test_metrics_timings_on_prompt_progress": (
+        FIELD, "timings_per_token: true is a 400"),
+    "test_security.py::test_access_static_assets_without_api_key": (
+        BEHAVIOUR, "/sw.js, /manifest.webmanifest, /_app/version.json need the API key or are "
+        "missing (llama-server's web UI assets are public)"),
+    "test_security.py::test_cors_options": (
+        BEHAVIOUR, "OPTIONS preflight is 405: CORS is off unless --cors-origin is given (a safer "
+        "default on purpose, issue 51 item 5; llama-server allows any origin)"),
+}
+# the shim's "needs FLAG" lines whose flag belongs to an excluded category
+SHIM_EXCLUDED = {
+    "--embedding": "embeddings", "--embeddings": "embeddings", "--pooling": "embeddings",
+    "--reranking": "rerank", "--rerank": "rerank", "--lora": "LoRA",
+    "--mmproj-url": "multimodal", "--mmproj": "multimodal", "--media-path": "multimodal",
+    "(no model)": "the model router", "--models-dir": "the model router",
+    "--models-max": "the model router", "--models-preset": "the model router",
+    "--no-models-autoload": "the model router",
+    "--tools": "server-side tools (tools_builtin)", "--tools-runtime": "server-side tools",
+    "--mcp-servers-config": "server-side MCP tools", "--mcp-servers-json": "server-side MCP tools",
+    "--ui-mcp-proxy": "server-side MCP tools",
+}
+
+
+# -- 1. the tests ---------------------------------------------------------------------------------
+def cache() -> Path:
+    from cactus_gguf.llama.build import cache_root, llama_cpp_python_version
+
+    return cache_root() / "llama-server-tests" / llama_cpp_python_version()
+
+
+def tests_dir(sdist: Path | None) -> Path:
+    """``tools/server/tests`` of the vendored llama.cpp, extracted once into the cache."""
+    from cactus_gguf.llama.build import vendored_source
+
+    root = cache() / "llama.cpp"
+    tests = root / "tools" / "server" / "tests"
+    if (root / "DONE").exists():
+        return tests
+    root.parent.mkdir(parents=True, exist_ok=True)
+    log = root.parent / "fetch.log"
+    print(f"fetching llama-cpp-python's sdist for its server tests (log: {log})", flush=True)
+    with tempfile.TemporaryDirectory(prefix="cactus-llama-tests-") as tmp:
+        src = vendored_source(Path(tmp), log, sdist)
+        shutil.rmtree(root, ignore_errors=True)
+        for part in ("tools/server/tests", "models/templates"):
+            shutil.copytree(src / part, root / part)
+    (root / "DONE").write_text("")
+    return tests
+
+
+# -- 2. the packages ------------------------------------------------------------------------------
+def environment(tests: Path) -> tuple[Path, list[str]]:
+    """The virtual environment's Python, and a line per requirement it could not install."""
+    venv = cache() / "venv"
+    python = venv / "bin" / "python"
+    notes: list[str] = []
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                       check=True)
+    reqs = [r.strip() for r in (tests / "requirements.txt").read_text().splitlines()
+            if r.strip() and not r.startswith("#")] + ["pytest-timeout"]
+    for req in reqs:
+        name = re.split(r"[~=<>!]", req)[0]
+        have = subprocess.run([str(python), "-c", "import importlib.metadata as m, sys; "
+                               f"print(m.version({name!r}))"], capture_output=True, text=True)
+        if have.returncode == 0:
+            wanted = req[len(name):]
+            if wanted and not _compatible(have.stdout.strip(), wanted):
+                notes.append(f"{req}: {have.stdout.strip()} installed (used as it is)")
+            continue
+        for spec in (req, name):
+            r = subprocess.run([str(python), "-m", "pip", "install", "-q", spec],
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                if spec != req:
+                    notes.append(f"{req}: not installable, {name} unpinned installed")
+                break
+        else:
+            notes.append(f"{req}: not installable ({r.stderr.strip().splitlines()[-1:]}); "
+                         "tests importing it fail")
+    return python, notes
+
+
+def _compatible(version: str, spec: str) -> bool:
+    if spec.startswith("~="):
+        want = spec[2:].split(".")
+        return version.split(".")[:len(want) - 1] == want[:-1]
+    return True
+
+
+# -- 3. the models --------------------------------------------------------------------------------
+# the template llama-server falls back to for a GGUF without one (the tinyllamas / stories models)
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>",
+       "<|file_sep|>"]
+TINY_REPOS = ["ggml-org/models", "ggml-org/test-model-stories260K", "ggml-org/stories15M_MOE",
+              "stories260K.gguf", "stories15M_MOE-F16.gguf", "ggml-org/test-preset-ci",
+              "stories15M-q8_0-00001-of-00003.gguf", "stories15M-q4_0.gguf"]
+FIM_REPOS = ["ggml-org/test-model-stories260K-infill"]
+# files the tests download themselves (utils.download_file looks in tests/tmp/ first)
+DOWNLOADED = {"stories15M-q4_0.gguf": "tiny-draft"}
+
+
+def models(tests: Path) -> Path:
+    """models.json for the shim (writing the stand-ins once); see the module's text."""
+    from support.tiny_gguf import write_llama
+
+    from cactus_gguf.registry import pull_model
+
+    d = cache() / "models"
+    d.mkdir(parents=True, exist_ok=True)
+    files = {"tiny": d / "tiny.gguf", "tiny-draft": d / "tiny-draft.gguf",
+             "fim": d / "tiny-fim.gguf", "fim-draft": d / "tiny-fim-draft.gguf"}
+    if not all(f.exists() for f in files.values()):
+        write_llama(files["tiny"], seed=11, chat_template=CHATML)
+        write_llama(files["tiny-draft"], seed=11, chat_template=CHATML, noise=0.5,
+                    noise_seed=12)
+        write_llama(files["fim"], seed=11, chat_template=CHATML, extra_control=FIM)
+        write_llama(files["fim-draft"], seed=11, chat_template=CHATML, extra_control=FIM,
+                    noise=0.5, noise_seed=12)
+    smollm = str(pull_model("smollm2-135m-instruct-q4_1"))
+    spec = {"tiny": [str(files["tiny"]), str(files["tiny-draft"])],
+            "fim": [str(files["fim"]), str(files["fim-draft"])],
+            "smollm": [smollm, smollm],
+            "repos": {**{r: "tiny" for r in TINY_REPOS}, **{r: "fim" for r in FIM_REPOS}},
+            "default": "smollm"}
+    path = d / "models.json"
+    path.write_text(json.dumps(spec, indent=1))
+    (tests / "tmp").mkdir(exist_ok=True)
+    for name, which in DOWNLOADED.items():
+        target = tests / "tmp" / name
+        if not target.exists():
+            shutil.copy(files[which], target)
+    return path
+
+
+# -- 4. the runs ----------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_file(python: Path, tests: Path, name: str, models_json: Path, raw: Path,
+             timeout: int, slow: bool) -> dict:
+    env = {**os.environ,
+           "LLAMA_SERVER_BIN_PATH": str(SHIM),
+           "CACTUS_SHIM_MODELS": str(models_json),
+           "CACTUS_SHIM_PYTHON": sys.executable,
+           "PORT": str(free_port()),
+           "PYTHONPATH": os.pathsep.join([str(SHIM.parent), str(ROOT),
+                                          os.environ.get("PYTHONPATH", "")]),
+           "CACTUS_GGUF_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    env.pop("SLOW_TESTS", None)
+    xml = raw / f"{Path(name).stem}.xml"
+    log = raw / f"{Path(name).stem}.log"
+    cmd = [str(python), "-m", "pytest", f"unit/{name}", "-p", "llama_server_shim",
+           "-p", "no:cacheprovider", f"--timeout={timeout}", "-rA", "-v",
+           f"--junitxml={xml}", "-o", "junit_logging=all", "-o", "junit_family=xunit1",
+           *([] if slow else ["-m", "not slow"])]
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        subprocess.run(cmd, cwd=tests, env=env, stdout=f, stderr=subprocess.STDOUT)
+    return {"file": name, "seconds": round(time.monotonic() - t0, 1)}
+
+
+# -- 5. the report --------------------------------------------------------------------------------
+NEEDS = re.compile(r"llama-server-shim: needs (\S+(?: \S+)?): (.*?) \(cactus-gguf serve")
+
+
+def outcomes(xml: Path) -> list[dict]:
+    """One dict per test case of a JUnit file: id, outcome, message, shim's needs line."""
+    out = []
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        name = case.get("name")
+        res = {"test": name, "outcome": "passed", "message": "", "needs": None,
+               "seconds": float(case.get("time") or 0)}
+        for tag in ("failure", "error", "skipped"):
+            el = case.find(tag)
+            if el is not None:
+                res["outcome"] = "skipped" if tag == "skipped" else "failed"
+                res["message"] = (el.get("message") or el.text or "").strip()[:400]
+                break
+        text = "".join(e.text or "" for e in case.iter() if e.tag in ("system-out",
+                                                                       "system-err"))
+        m = NEEDS.search(text)
+        if m and res["outcome"] == "failed":
+            res["needs"] = [m.group(1), m.group(2)]
+        out.append(res)
+    return out
+
+
+def lookup(table: dict, file: str, test: str):
+    return table.get(f"{file}::{test}") or table.get(f"{file}::{test.split('[')[0]}")
+
+
+def classify(file: str, r: dict) -> None:
+    """Adds ``status`` (passed / skipped / excluded / failed) and ``reason``."""
+    if r["outcome"] in ("passed", "skipped"):
+        r["status"], r["reason"] = r["outcome"], r["message"] if r["outcome"] == "skipped" else ""
+        return
+    if file in EXCLUDED_FILES:
+        r["status"], r["reason"] = "excluded", EXCLUDED_FILES[file]
+        return
+    # an entry for the test itself, then the shim's "needs", then an entry for all parameters
+    if (hit := EXCLUDED.get(f"{file}::{r['test']}")) is not None:
+        r["status"], r["reason"] = "excluded", f"{hit[0]}: {hit[1]}"
+        return
+    if r["needs"] and r["needs"][0] in SHIM_EXCLUDED:
+        r["status"], r["reason"] = "excluded", SHIM_EXCLUDED[r["needs"][0]]
+        return
+    if r["needs"]:
+        r["status"], r["reason"] = "failed", f"{FLAG}: {r['needs'][0]} ({r['needs'][1]})"
+        return
+    if (hit := lookup(EXCLUDED, file, r["test"])) is not None:
+        r["status"], r["reason"] = "excluded", f"{hit[0]}: {hit[1]}"
+        return
+    r["status"] = "failed"
+    if (hit := lookup(FAILURES, file, r["test"])) is not None:
+        r["reason"] = f"{hit[0]}: {hit[1]}"
+    else:
+        r["reason"] = "unclassified: " + r["message"].splitlines()[0][:200] if r["message"] \
+            else "unclassified"
+
+
+def report(out: Path, runs: list[dict], notes: list[str], timeout: int) -> dict:
+    raw = out / "raw"
+    files = []
+    for run in runs:
+        xml = raw / f"{Path(run['file']).stem}.xml"
+        cases = outcomes(xml) if xml.exists() else []
+        for c in cases:
+            classify(run["file"], c)
+        counts = {k: sum(c["status"] == k for c in cases)
+                  for k in ("passed", "failed", "excluded", "skipped")}
+        files.append({**run, "tests": len(cases), **counts, "cases": cases})
+    total = {k: sum(f[k] for f in files) for k in ("tests", "passed", "failed", "excluded",
+                                                    "skipped", "seconds")}
+    data = {"llama_cpp_python": cache().name,
+            "per_test_timeout_s": sorted({r.get("timeout", timeout) for r in runs}),
+            "environment_notes": notes, "total": total, "files": files}
+    (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out / "README.md").write_text(readme(data))
+    return data
+
+
+def readme(data: dict) -> str:
+    t = data["total"]
+    lines = [
+        "# llama.cpp's server tests against `cactus-gguf serve`",
+        "",
+        f"llama.cpp's own `tools/server/tests` (the llama.cpp that llama-cpp-python "
+        f"{data['llama_cpp_python']} vendors), unmodified, run against `cactus-gguf serve` by",
+        "",
+        "    python benchmarks/llama_server_tests.py",
+        "",
+        "through benchmarks/llama_server_shim.py (llama-server's command line mapped to serve's; "
+        "how, and the model stand-ins: the two scripts' module texts). Per-test timeout "
+        f"{'/'.join(map(str, data['per_test_timeout_s']))} s. As llama.cpp's tests.sh by default, "
+        "the tests marked slow are left out (`-m \"not slow\"`: 1-8B models) and `SLOW_TESTS` "
+        "is unset (the tests reading it skip themselves).",
+        "",
+        f"**{t['passed']} passed, {t['failed']} failed, {t['excluded']} excluded, "
+        f"{t['skipped']} skipped of {t['tests']}**, in {t['seconds'] / 60:.0f} minutes of wall "
+        "time on a shared 2-core machine (file by file).",
+        "",
+        "A test that did not pass is *excluded* when it needs what this server does not claim "
+        "(embeddings, rerank, LoRA, multimodal, the model router, server-side MCP tools / tools, "
+        "`--parallel` slots) or asserts the text of the model it downloads (here a stand-in "
+        "answers); every other one that did not pass is a *failure*: the backlog below.",
+        "",
+        "| file | tests | passed | failed | excluded | skipped | seconds |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for f in data["files"]:
+        lines.append(f"| {f['file']} | {f['tests']} | {f['passed']} | {f['failed']} | "
+                     f"{f['excluded']} | {f['skipped']} | {f['seconds']:.0f} |")
+    lines.append(f"| **all** | {t['tests']} | {t['passed']} | {t['failed']} | {t['excluded']} | "
+                 f"{t['skipped']} | {t['seconds']:.0f} |")
+    for status, title in (("failed", "Failures (the backlog)"), ("excluded", "Excluded")):
+        lines += ["", f"## {title}", "", "| test | reason |", "|---|---|"]
+        for f in data["files"]:
+            for c in f["cases"]:
+                if c["status"] == status:
+                    lines.append(f"| {f['file']}::{c['test']} | {c['reason'].replace('|', '/')} |")
+    skipped = [(f["file"], c) for f in data["files"] for c in f["cases"]
+               if c["status"] == "skipped"]
+    if skipped:
+        lines += ["", "## Skipped (by the tests themselves)", "", "| test | why |", "|---|---|"]
+        for file, c in skipped:
+            why = c["reason"].splitlines()[0][:160] if c["reason"] else ""
+            lines.append(f"| {file}::{c['test']} | {why.replace('|', '/')} |")
+    if data["environment_notes"]:
+        lines += ["", "## The tests' packages", ""]
+        lines += [f"- {n}" for n in data["environment_notes"]]
+    lines += ["", "Raw: `raw/<file>.xml` (JUnit, with each test's output) and `raw/<file>.log` "
+              "(pytest's output); `results.json` (every test, its status and reason).", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="*", help="test files (unit/NAME.py); default: all")
+    ap.add_argument("--timeout", type=int, default=180, help="seconds per test")
+    ap.add_argument("--slow", action="store_true",
+                    help="run the tests marked slow too (llama.cpp's tests.sh leaves them out: "
+                    "1-8B models, stood in here by SmolLM2-135M)")
+    ap.add_argument("--sdist", type=Path, help="a llama-cpp-python sdist to take the tests from")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite results.json and README.md from raw/ (no test runs)")
+    a = ap.parse_args()
+    raw = a.out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    runs_file = raw / "runs.json"
+    previous = json.loads(runs_file.read_text()) if runs_file.exists() else {"runs": [],
+                                                                            "notes": []}
+    runs = {r["file"]: r for r in previous["runs"]}
+    notes = previous["notes"]
+    if not a.report_only:
+        tests = tests_dir(a.sdist)
+        python, notes = environment(tests)
+        models_json = models(tests)
+        names = a.files or sorted(p.name for p in (tests / "unit").glob("test_*.py"))
+        for name in names:
+            name = Path(name).name
+            print(f"{name} ...", end=" ", flush=True)
+            runs[name] = {**run_file(python, tests, name, models_json, raw, a.timeout, a.slow),
+                          "timeout": a.timeout, "slow": a.slow}
+            print(f"{runs[name]['seconds']:.0f} s", flush=True)
+            runs_file.write_text(json.dumps({"runs": sorted(runs.values(),
+                                                            key=lambda r: r["file"]),
+                                             "notes": notes}, indent=1) + "\n")
+    data = report(a.out, sorted(runs.values(), key=lambda r: r["file"]), notes, a.timeout)
+    for f in data["files"]:
+        print(f"{f['file']:32} {f['passed']:3} passed {f['failed']:3} failed "
+              f"{f['excluded']:3} excluded {f['skipped']:3} skipped")
+    t = data["total"]
+    print(f"all: {t['passed']} passed, {t['failed']} failed, {t['excluded']} excluded, "
+          f"{t['skipped']} skipped of {t['tests']} ({t['seconds']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
