@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The ``llama-server`` that llama.cpp's server tests start, made of ``cactus-gguf serve``: this
-file reads llama-server's command line and replaces itself with ``python -m cactus_gguf serve``
-and the equivalent flags (benchmarks/llama_server_tests.py points ``LLAMA_SERVER_BIN_PATH`` at it).
+"""The ``llama-server`` that llama.cpp's server tests start, made of ``cactus-gguf serve``.
+
+It reads llama-server's command line and replaces itself with ``python -m cactus_gguf serve`` and
+the equivalent flags (benchmarks/llama_server_tests.py points ``LLAMA_SERVER_BIN_PATH`` at it).
 
 Each llama-server flag is one of three kinds (``FLAGS`` below):
 

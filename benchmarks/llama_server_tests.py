@@ -1,6 +1,7 @@
-"""llama.cpp's own server tests (``tools/server/tests`` of the llama.cpp that the installed
-llama-cpp-python vendors), run unmodified against ``cactus-gguf serve`` through
-benchmarks/llama_server_shim.py, file by file, with a per-test timeout.
+"""llama.cpp's own server tests, unmodified, against ``cactus-gguf serve``.
+
+The tests are ``tools/server/tests`` of the llama.cpp that the installed llama-cpp-python vendors;
+they run through benchmarks/llama_server_shim.py, file by file, with a per-test timeout.
 
     python benchmarks/llama_server_tests.py                  # every test file
     python benchmarks/llama_server_tests.py test_basic.py    # some files
