@@ -23,7 +23,7 @@ Steps:
    the draft (tests/support/tiny_gguf.py) for the tinyllamas / stories models, the
    same with FIM tokens for the infill model, and the registry's SmolLM2-135M-Instruct for the
    larger instruct models. A file a test downloads itself (``download_file``) is put where it looks
-   first (``tests/tmp/<name>``);
+   first (``tmp/<name>`` beside ``unit/``);
 4. ``pytest unit/<file>`` per file with ``LLAMA_SERVER_BIN_PATH`` = the shim, a free ``PORT``,
    ``--timeout`` per test, JUnit XML into ``raw/``; as llama.cpp's tests.sh by default, the tests
    marked slow are left out (``-m "not slow"``; ``--slow`` runs them) and ``SLOW_TESTS`` is unset
@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 SHIM = ROOT / "benchmarks" / "llama_server_shim.py"
 OUT = ROOT / "benchmarks" / "results" / "llama-server-tests"
+README_FILE = "README.md"
 
 # whole files: what they test is a feature this server does not claim
 EXCLUDED_FILES = {
@@ -287,7 +288,7 @@ TINY_REPOS = ["ggml-org/models", "ggml-org/test-model-stories260K", "ggml-org/st
               "stories260K.gguf", "stories15M_MOE-F16.gguf", "ggml-org/test-preset-ci",
               "stories15M-q8_0-00001-of-00003.gguf", "stories15M-q4_0.gguf"]
 FIM_REPOS = ["ggml-org/test-model-stories260K-infill"]
-# files the tests download themselves (utils.download_file looks in tests/tmp/ first)
+# files the tests download themselves (utils.download_file looks in its tmp folder first)
 DOWNLOADED = {"stories15M-q4_0.gguf": "tiny-draft"}
 
 
@@ -430,7 +431,7 @@ def report(out: Path, runs: list[dict], notes: list[str], timeout: int) -> dict:
             "per_test_timeout_s": sorted({r.get("timeout", timeout) for r in runs}),
             "environment_notes": notes, "total": total, "files": files}
     (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
-    (out / "README.md").write_text(readme(data))
+    (out / README_FILE).write_text(readme(data))
     return data
 
 
