@@ -200,7 +200,7 @@ BAD = [  # (endpoint, body, status, param)
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "seed": 2**70}, 400,
      "seed"),
     ("completions", {"prompt": "x " * 3000}, 400, "n_ctx"),
-    ("completions", {"prompt": ["a", ""]}, 400, "prompt"),
+    ("completions", {"prompt": ["a", []]}, 400, "prompt"),
     ("completions", {"prompt": "x", "echo": True}, 400, "echo"),
     ("completions", {}, 400, "prompt"),
     ("completions", {"prompt": [999999]}, 400, "prompt"),

@@ -167,3 +167,73 @@ def test_completions_with_a_suffix_fill_the_gap(real_server):
                              max_tokens=32, temperature=0)
     assert r.choices[0].finish_reason == "stop" and "%" in r.choices[0].text
     ast.parse(prefix + r.choices[0].text + suffix)
+
+
+def test_a_tool_call_round_trip_through_the_responses_api(real_server):
+    """The official openai client's Responses API on the real pair (issue 51): a function call,
+    streamed and not (the same call), then its output sent back and answered in text;
+    speculation runs."""
+    import jsonschema
+
+    c = client(real_server)
+    tool = {"type": "function", **WEATHER["function"]}
+    ask = "What is the weather in Paris right now, in celsius?"
+    first = c.responses.create(model="m", input=ask, tools=[tool], tool_choice="required",
+                               parallel_tool_calls=False, max_output_tokens=48, temperature=0)
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert first.status == "completed" and len(calls) == 1
+    call = calls[0]
+    assert call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
+    assert first.model_extra["speculative"]["acceptance_rate"] > 0.3
+    events = list(c.responses.create(model="m", input=ask, tools=[tool], tool_choice="required",
+                                     parallel_tool_calls=False, max_output_tokens=48,
+                                     temperature=0, stream=True))
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(d.name, d.arguments) for d in done] == [(call.name, call.arguments)]
+    assert events[-1].type == "response.completed"
+    second = c.responses.create(
+        model="m", tools=[tool], tool_choice="none", max_output_tokens=24, temperature=0,
+        input=[{"role": "user", "content": ask},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name,
+                "arguments": call.arguments},
+               {"type": "function_call_output", "call_id": call.call_id,
+                "output": '{"temperature": 18}'}])
+    assert [item.type for item in second.output] == ["message"] and second.output_text
+    # the call and its output are in the prompt, after the first turn's
+    assert second.usage.input_tokens > first.usage.input_tokens
+
+
+def test_a_tool_call_round_trip_through_the_anthropic_messages_api(real_server):
+    """The official anthropic client on the real pair (issue 51): a tool_use, streamed and not
+    (the same call), then its tool_result sent back and answered in text."""
+    import anthropic
+    import jsonschema
+
+    c = anthropic.Anthropic(base_url=real_server.url, api_key="none", max_retries=0,
+                            timeout=300)
+    tool = {"name": "get_weather", "description": WEATHER["function"]["description"],
+            "input_schema": WEATHER["function"]["parameters"]}
+    ask = [{"role": "user", "content": "What is the weather in Paris right now, in celsius?"}]
+    kw = dict(model="m", max_tokens=48, tools=[tool],
+              tool_choice={"type": "any", "disable_parallel_tool_use": True},
+              extra_body={"temperature": 0})
+    first = c.messages.create(messages=ask, **kw)
+    uses = [b for b in first.content if b.type == "tool_use"]
+    assert first.stop_reason == "tool_use" and len(uses) == 1
+    use = uses[0]
+    assert use.name == "get_weather"
+    jsonschema.validate(use.input, WEATHER["function"]["parameters"])
+    with c.messages.stream(messages=ask, **kw) as s:
+        streamed = s.get_final_message()
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == \
+        [(use.name, use.input)]
+    second = c.messages.create(
+        model="m", max_tokens=24, tools=[tool], tool_choice={"type": "none"},
+        extra_body={"temperature": 0},
+        messages=[*ask, {"role": "assistant", "content": first.content},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                "content": '{"temperature": 18}'}]}])
+    assert [b.type for b in second.content] == ["text"] and second.content[0].text
+    assert second.stop_reason in ("end_turn", "max_tokens")
+    assert second.usage.input_tokens > first.usage.input_tokens

@@ -343,7 +343,8 @@ def completion_prompts(body: CompletionRequest) -> list[str | list[int]]:
     if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
         return [p]  # token ids: one prompt
     prompts = p if isinstance(p, list) else [p]
-    if not prompts or any(len(x) == 0 for x in prompts):
+    # (an empty string is a prompt: the model's BOS, when it adds one; the engine says if not)
+    if not prompts or any(isinstance(x, list) and not x for x in prompts):
         raise InputError("the prompt is empty", param="prompt")
     if any(isinstance(x, int) for x in prompts):
         raise InputError("prompt: token ids and strings cannot be mixed in one list (give a "
