@@ -70,7 +70,8 @@ def main() -> None:
                                      encoding="utf-8")
     md = [f"SpS, k = 4, {len(prompts)} editing prompts (median {summary[0]['n_prompt']:.0f} tokens), "
           f"-n {args.n_predict}, one run, medians over prompts", "",
-          "| draft window W | acceptance | AL | prompt processing s (both models) | time to first token s | end-to-end tok/s |",
+          "| draft window W | acceptance | AL | prompt processing s (both models) "
+          "| time to first token s | end-to-end tok/s |",
           "|---|---|---|---|---|---|"]
     md += [f"| {'all' if s['window'] == 0 else s['window']} | {s['acceptance']:.1%} | {s['al']:.2f} | "
            f"{s['prefill_s']:.2f} | {s['ttft_s']:.2f} | {s['e2e_tps']:.2f} |" for s in summary]

@@ -10,7 +10,8 @@ sampler: T = 1; a fixed seed per case), or greedy (``--sampling greedy``). Befor
 configurations run, one untimed request of one token puts the file into both KV caches, as an
 editor's earlier completions of the same file (and llama.vscode's warm-up request) do; each
 configuration's completion then reuses all of it but the last token, so its time to first token
-is the first step's, not a prefill (the cold prefill is reported apart). Configurations: the verifier alone (none), SpS and the pair's Cactus
+is the first step's, not a prefill (the cold prefill is reported apart). Configurations: the
+verifier alone (none), SpS and the pair's Cactus
 rule with the draft model, and the Cactus rule with prompt lookup (ngram) and with both (hybrid);
 k = 4 for all (the pair's -k auto decides per machine whether drafting pays, and on a busy one
 may not draft at all, which would compare nothing).

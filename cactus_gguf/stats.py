@@ -81,7 +81,8 @@ class GenerationStats:
     (``backend_sampling``, speculative/device.py), of which n_device_fallbacks were decoded again
     in full (a tie at the K-th logit); ``backend_sampling_used`` says whether any step used them.
     ``decode_seconds`` excludes prompt processing (``prefill_seconds``: both models' prompt
-    decodes, a draft's deferred to its first drafting step included: ``-k auto``). ``grammar_seconds``: time in the grammar engine (masks, advances, rollbacks) of a
+    decodes, a draft's deferred to its first drafting step included: ``-k auto``).
+    ``grammar_seconds``: time in the grammar engine (masks, advances, rollbacks) of a
     constrained generation, inside draft and accept time; ``grammar_ms_per_token`` per emitted token.
     """
 

@@ -108,7 +108,8 @@ def test_runs_are_interleaved_in_rotated_order(tiny_run):
     assert [r["index"] for r in report["runs"]] == list(range(len(expected)))
     # the decoder really ran under each configuration, in that order, with the prompt's seed
     by_id = {c["id"]: c for c in plan.configs}
-    for (method, delta, drafter, seed, reuse), (pi, cid) in zip(seen, [(i, c) for i, (_, c) in enumerate(expected)]):
+    order = [(i, c) for i, (_, c) in enumerate(expected)]
+    for (method, delta, drafter, seed, reuse), (pi, cid) in zip(seen, order):
         c = by_id[cid]
         assert method == c["acceptance"]
         assert reuse is False  # every run decodes its prompt: no configuration gets it for free

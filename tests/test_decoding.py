@@ -4,7 +4,8 @@ draft samples from and the acceptance test gets, non-finite logits, random state
 how a generation ends (end-of-generation tokens, stop strings, UTF-8 in streamed chunks).
 
 Statistical tests use Pearson's chi-square at significance alpha = 0.001 with fixed seeds, so each
-is deterministic; the expected distributions come from the NumPy reference (cactus_gguf/sampling/reference.py).
+is deterministic; the expected distributions come from the NumPy reference
+(cactus_gguf/sampling/reference.py).
 """
 from __future__ import annotations
 

@@ -141,7 +141,7 @@ def test_the_readme_is_a_front_door():
     assert len(text.encode("utf-8")) < 12 * 1024
     first_screen = "\n".join(text.splitlines()[:40])
     assert 'pip install . && cactus-gguf run -p "def add(a, b):" -n 32' in first_screen
-    assert "pip install -e '.[test]' && python -m pytest" in first_screen
+    assert "pip install -e '.[test]' && ruff check . && python -m pytest" in first_screen
 
 
 def test_the_generated_layout_is_current():

@@ -582,7 +582,8 @@ def test_p_equal_q_always_accepts_and_one_hot_q():
     vl1 = np.zeros((2, V), np.float32)
     vl1[:, 7] = 200.0
     s = sampler(V, seed=2, method="cactus", delta=0.5)
-    assert s.verify(None, np.array([7], np.int32), vl1) == StepResult(1, 7, 1, 0.0, 0.0, 0.0, 0.0, 0.5)  # delta_sum: 0.5 used
+    # delta_sum: 0.5 used
+    assert s.verify(None, np.array([7], np.int32), vl1) == StepResult(1, 7, 1, 0.0, 0.0, 0.0, 0.0, 0.5)
     r = s.verify(None, np.array([8], np.int32), vl1)
     assert (r.n_accepted, r.next_token, r.kl_sum) == (0, 7, 0.0)
 
@@ -1036,7 +1037,8 @@ def test_no_mask_changes_nothing():
         assert ones.verify(dp, toks, vl, allowed=all_ones) == want
         assert padded.verify(dp, toks, vl, allowed=pad.ravel()) == want  # flat [(k+1) W] too
         np.testing.assert_array_equal(plain.warp(vl[0]), ones.warp(vl[0], allowed=all_ones[0]))
-    assert plain.peek_uniforms(3).tolist() == ones.peek_uniforms(3).tolist() == padded.peek_uniforms(3).tolist()
+    assert plain.peek_uniforms(3).tolist() == ones.peek_uniforms(3).tolist() \
+        == padded.peek_uniforms(3).tolist()
 
 
 def test_mask_argument_validation():

@@ -117,7 +117,7 @@ def test_thousands_of_tokens_of_rejections_leave_both_states_equal_to_fresh_pref
     with make_engine(models[ver], models[dft], temp=1.0, k=5, method="sps",
                      context=ctx(n_ctx=1024)) as eng:
         for seed, prompt in enumerate(["the cat sat on", "hello world", "a dog and a cat"]):
-            r = eng.generate(prompt, n_predict=700, seed=seed)
+            eng.generate(prompt, n_predict=700, seed=seed)
             for c, path in ((eng.verifier, models[ver]), (eng.draft, models[dft])):
                 assert shadow.held(c) == c.tokens
                 assert error_after(c, path) < TOL, (prompt, c.model.path.name)

@@ -8,7 +8,8 @@ llama-cpp-python's vendored source (tests/support/llama_build.py: built once, ca
 below through :func:`on_device` for what needs the API in-process (histograms, the KV shadow, load
 cycles). The build's environment also sets ``CACTUS_GGUF_LAVAPIPE_WARMUP=1``: each context on
 lavapipe first makes the warm-up without which the driver crashes (cactus_gguf/llama/lavapipe.py),
-which cactus-gguf makes only when asked. Greedy runs compare against the verifier alone on the *same* backend and placement: the
+which cactus-gguf makes only when asked. Greedy runs compare against the verifier alone on the
+*same* backend and placement: the
 Vulkan kernels round differently from the CPU's, so CPU tokens are no reference. lavapipe runs on
 the CPU and is slow (the real 1.5B verifier decodes ~0.6 tokens/s on 2 cores): the real pair's runs
 are short, the long and statistical ones use the tiny pair.

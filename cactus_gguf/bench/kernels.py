@@ -27,7 +27,8 @@ def kernel_benchmark(ks: Iterable[int] = (4, 8, 16), vocab_sizes: Iterable[int] 
     Inputs: verifier logits float32 [k+1, V] ~ logit_scale * N(0, 1); draft logits = the first k
     rows plus draft_noise * logit_scale * N(0, 1), warped by the same sampler into p float32
     [k, V]; drafted tokens sampled from p. The default draft_noise 0 makes p = q, so every
-    draft is accepted and each step warps all k + 1 verifier rows: the most work a step can do. Warps: temperature 0.6, top-p 0.95, min-p 0, with
+    draft is accepted and each step warps all k + 1 verifier rows: the most work a step can do.
+    Warps: temperature 0.6, top-p 0.95, min-p 0, with
     top-k 20 and with top-k off. One sampler serves every repeat (after one untimed call, as in
     a decoder past its first step); before each of the first ``numpy_repeats`` calls the NumPy
     reference gets the uniforms the C will draw, so both make the same decisions: ``agree`` says

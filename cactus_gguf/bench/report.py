@@ -189,7 +189,8 @@ def format_markdown(report: dict) -> str:
     out += ["| " + " | ".join(row) + " |" for row in pa[1:]]
     out += ["", "Per token:", ""]
     head = ["config", "k", "tok/s median [q25–q75]", "× none", "× sps", "× none, with prefill",
-            "first token, s (× none)", "drafted / step", "AL", "accept", "tok/call", "draft / verify / accept / other",
+            "first token, s (× none)", "drafted / step", "AL", "accept", "tok/call",
+            "draft / verify / accept / other",
             "KL(h‖q) target, nats/draft", "KL(P‖q) output, nats/token", "pass@1 [95% CI]"] + (
                 ["paired vs none: passes gained / lost (McNemar p)"] if scored(report) else []) + (
                 ["valid JSON (schema)", "grammar mask, ms/token"] if structured(report) else [])

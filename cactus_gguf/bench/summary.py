@@ -134,7 +134,8 @@ def summarize(configs: Sequence[dict], runs: Sequence[dict],
     calls, draft forwards, tokens, share with test sections) and its ratios against ``none``
     (``per_answer_vs_none``), against ``sps`` at the same k (``per_answer_vs_sps``) and against
     each llama-server peer at the same k (``per_answer_vs_peers``: peer id -> ratios; None
-    without ``--peers``) on the same prompts. Speed per token: tokens/s per prompt (decode only), its quantiles, and speedups as medians of per-prompt
+    without ``--peers``) on the same prompts. Speed per token: tokens/s per prompt (decode only),
+    its quantiles, and speedups as medians of per-prompt
     ratios against ``none`` and against ``sps`` at the same k (for ``none``: the first sps);
     ``end_to_end_*`` the same with prompt processing included (speculation prefills the draft too).
     Acceptance counters are pooled over prompts (total accepted / total steps ...). Time shares

@@ -5,7 +5,8 @@ help text, command-line flags (llama.cpp's names where llama.cpp has the option)
 registry pair may recommend a value for it. Everything else is derived from this table:
 
 - :class:`LoadOptions` (fixed for an engine's life) and :class:`Request` (one generation), the frozen
-  dataclasses of the Python API (records.py, re-exported here), written out field by field (``delta: float = opt("delta")``: the
+  dataclasses of the Python API (records.py, re-exported here), written out field by field
+  (``delta: float = opt("delta")``: the
   field's default and its Option, from which the validation reads the allowed values), and the
   parameter sets below them (sampling/params.py, llama/context.py), declared the same way;
 - the ``cactus-gguf run`` / ``bench`` command-line options (``cli/``) and their ``--help``;

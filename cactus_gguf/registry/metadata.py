@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from .cache import cache_dir, locked, pypi_dir, pypi_file
-from .errors import DownloadError, RegistryError
+from .errors import DownloadError
 from .schema import ModelEntry, Registry, Source, load_registry
 
 __all__ = ["model_metadata", "metadata_end", "metadata_gguf"]

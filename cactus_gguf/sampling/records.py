@@ -21,7 +21,8 @@ _ENUM_FIELDS = {"method": METHOD_VALUES, "solver": SOLVER_VALUES, "budget": BUDG
 def c_params(ctype: type[ctypes.Structure], record) -> ctypes.Structure:
     """The C struct ``ctype`` filled by field name from the same-named fields of ``record`` (a
     SamplingParams or AcceptanceParams): enum fields through the library's name -> value maps,
-    booleans as 0 / 1, arrays as their address (the record keeps them alive). Every C field must have its record field and the other way round, so a
+    booleans as 0 / 1, arrays as their address (the record keeps them alive). Every C field must
+    have its record field and the other way round, so a
     field added on one side only fails here, not silently in C."""
     c_fields = [name for name, _ in ctype._fields_]
     r_fields = [f.name for f in dataclass_fields(record)]

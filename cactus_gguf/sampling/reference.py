@@ -347,7 +347,8 @@ def emitted_first_token_distribution(p: np.ndarray | None, q: np.ndarray, method
                                      top_gap: float = math.inf,
                                      end_set: np.ndarray | None = None,
                                      end_tau: float = 2.0) -> np.ndarray:
-    """Analytic law of the token emitted at a position (Hao & Mou 2026, arXiv:2604.04987; the mixture law of the emitted token):
+    """Analytic law of the token emitted at a position (Hao & Mou 2026, arXiv:2604.04987; the
+    mixture law of the emitted token):
 
     P(x) = sum_n p[n] (1[x = n] a_n + (1 - a_n) r_n[x]),  a_n = acceptance prob., r_n = residual law.
     p: float [V] draft distribution, or None with `drafted` for a one-hot drafter. Cactus with

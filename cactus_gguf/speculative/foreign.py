@@ -32,7 +32,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import InputError
 from ..llama import Context, Model
 from ..sampling import AcceptanceParams, NativeSampler, SamplingParams
 from ..sampling.constraints import Constraint

@@ -10,7 +10,8 @@ are those of a cold start.
 from __future__ import annotations
 
 # (name, settings) - settings: method ("none" = verifier alone), delta, solver, top_gap,
-# protect_ends, drafter, k, draft_min, draft_p_min, temperature, top_k, top_p, min_p, n_predict, seed, prompt index
+# protect_ends, drafter, k, draft_min, draft_p_min, temperature, top_k, top_p, min_p, n_predict,
+# seed, prompt index
 _SAMPLED = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 _PAPER = dict(temperature=0.6, top_k=20, top_p=0.95, min_p=0.0)
 _GREEDY = dict(temperature=0.0, top_k=40, top_p=0.95, min_p=0.05)

@@ -11,7 +11,8 @@ then compiles the llama.cpp source of the llama-cpp-python sdist (downloaded wit
 given; the product's steps, cactus_gguf/llama/build.py) with ``-DGGML_VULKAN=ON``: the shared
 libraries libllama, libggml*, libggml-vulkan. It runs once per backend, llama-cpp-python version
 and flag set, cached in ``~/.cache/cactus-gguf/gpu-build/<backend>-<version>-<flags hash>/``
-(``$CACTUS_GGUF_CACHE`` moves it). A process runs cactus-gguf on it with ``LLAMA_CPP_LIB_PATH=<build>/lib`` (llama-cpp-python
+(``$CACTUS_GGUF_CACHE`` moves it). A process runs cactus-gguf on it with
+``LLAMA_CPP_LIB_PATH=<build>/lib`` (llama-cpp-python
 reads it when it loads libllama, once per process) and, for Vulkan, ``GGML_VK_VISIBLE_DEVICES=0``
 (ggml-vulkan skips devices of type CPU unless they are named, and lavapipe is one) and
 ``CACTUS_GGUF_LAVAPIPE_WARMUP=1``: each context on lavapipe first makes the warm-up that keeps

@@ -11,7 +11,8 @@ padding, a noisy copy of a model (a related draft), output rows zeroed, a chat t
 scripted *bigram* model whose next token is fixed by the current one (so a test can make llama.cpp
 emit chosen tokens; ``chain`` builds the map).
 
-Vocabulary (V = 3 + 256 + len(words) + n_pad): <unk>, <s>, </s> (then any extra control tokens), the 256 byte tokens <0x00>..<0xFF>
+Vocabulary (V = 3 + 256 + len(words) + n_pad): <unk>, <s>, </s> (then any extra control tokens),
+the 256 byte tokens <0x00>..<0xFF>
 (so any UTF-8 text round-trips, and multi-byte characters span several tokens), then the SentencePiece
 words below. ``n_pad`` unused padding ids may be appended (the Qwen2-style padded-vocabulary case).
 """
