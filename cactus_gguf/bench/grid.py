@@ -168,9 +168,8 @@ def with_schema(configs: list[dict], mode: str) -> list[dict]:
 def request_for(base, cfg: dict, json_schema: str | None = None):
     """The Request of configuration ``cfg`` (a :func:`config_grid` dict) on top of ``base``:
     its acceptance rule, drafter, k (``auto``: up to base's k_max) and δ, and for a ``constrained``
-    one the prompt's
-    ``json_schema`` (in place of any constraint of base); everything else (warps, seed,
-    n_predict) as in base."""
+    one the prompt's ``json_schema`` (in place of any constraint of base); everything else (warps,
+    seed, n_predict) as in base."""
     if cfg.get("constrained") and json_schema is not None:
         base = base.replace(json_schema=json_schema, grammar=None, json_object=False)
     if cfg["acceptance"] is None:

@@ -26,8 +26,8 @@ import numpy as np
 class KvShadow:
     """Mirror of what each llama Context's KV cache holds, kept from its decode / forget /
     truncate / clear calls (install with ``KvShadow.install(monkeypatch)``). ``held(ctx)`` is the
-    list of token
-    ids at positions 0 .. n_past-1; ``decodes`` logs (ctx, tokens, n_logits) of every decode call."""
+    list of token ids at positions 0 .. n_past-1; ``decodes`` logs (ctx, tokens, n_logits) of every
+    decode call."""
 
     def __init__(self) -> None:
         self.cache: dict[int, list[int]] = {}

@@ -23,8 +23,7 @@ only to configure the validation layer of a ``GGML_VULKAN_VALIDATE`` build; the 
 block under ``#ifdef VK_EXT_layer_settings`` (a no-op with newer headers).
 
 By hand: ``python tests/support/llama_build.py [vulkan|cuda] [SDIST]`` builds (or finds) it and
-prints
-the environment to use.
+prints the environment to use.
 """
 from __future__ import annotations
 

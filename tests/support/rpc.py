@@ -3,10 +3,10 @@
 ``rpc_build()`` compiles the llama.cpp source vendored in the pinned llama-cpp-python release (its
 sdist, fetched from the package index) with ``-DGGML_RPC=ON``: the shared libraries (libllama, libggml*)
 and llama.cpp's ``ggml-rpc-server`` (tools/rpc). It runs once per llama-cpp-python version and
-caches the result in
-``~/.cache/cactus-gguf/rpc-build/<version>/`` (``$CACTUS_GGUF_CACHE`` moves it); about 5 minutes on
-2 cores. A process runs cactus-gguf on that build with ``LLAMA_CPP_LIB_PATH=<build>/lib`` (read by
-llama-cpp-python when it loads libllama), so the tests need no second pip install.
+caches the result in ``~/.cache/cactus-gguf/rpc-build/<version>/`` (``$CACTUS_GGUF_CACHE`` moves
+it); about 5 minutes on 2 cores. A process runs cactus-gguf on that build with
+``LLAMA_CPP_LIB_PATH=<build>/lib`` (read by llama-cpp-python when it loads libllama), so the tests
+need no second pip install.
 
 By hand: ``python tests/support/rpc.py`` builds (or finds) it and prints the two paths.
 """
