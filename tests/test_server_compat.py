@@ -261,16 +261,25 @@ def test_a_streamed_anthropic_reply_ends_with_its_events(server):
     with httpx.stream("POST", server.url + "/v1/messages", timeout=60, json={
             "max_tokens": 4, "stream": True,
             "messages": [{"role": "user", "content": "hello"}]}) as r:
-        events = [json.loads(d)["type"] for d in sse_events(r)]
+        data = [json.loads(d) for d in sse_events(r)]
+    events = [d["type"] for d in data]
     assert events[0] == "message_start" and events[1] == "content_block_start"
     assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    counted = post(server, "/v1/messages/count_tokens", {
+        "messages": [{"role": "user", "content": "hello"}]}).json()["input_tokens"]
+    assert data[0]["message"]["usage"]["input_tokens"] == counted > 0
+    # thinking is accepted, as llama-server accepts it: no thinking block from this model
+    m = post(server, "/v1/messages", {"max_tokens": 3, "thinking": {"type": "enabled",
+                                                                    "budget_tokens": 50},
+                                      "messages": [{"role": "user", "content": "2+2?"}]}).json()
+    assert m["type"] == "message" and [b["type"] for b in m["content"]] == ["text"]
 
 
 def test_a_small_batch_starts_with_k_auto_fitted_to_it():
     """``serve -b 16`` starts, as llama-server does: -k auto's default ceiling (16) is lowered to
     fit one llama_decode; a -k-max given that does not fit is still refused."""
     from cactus_gguf.errors import InputError
-    from cactus_gguf.plan import plan_serve
+    from cactus_gguf.app.plan import plan_serve
 
     given = {"model": "v.gguf", "model_draft": "d.gguf", "n_batch": 16}
     request = plan_serve(given).run.request
@@ -323,9 +332,11 @@ def test_a_slot_saved_and_restored_keeps_its_prompt_across_restarts(tmp_path, ki
                                    ("/slots/3?action=erase", {}, 400)):
             r = post(s, path, body)
             assert r.status_code == status and r.json()["error"]["code"] == status, r.text
-    with LiveServer(model, "-t", "1", "--method", "none") as s:  # no --slot-save-path
+    with LiveServer(model, "-t", "1", "--method", "none", "--no-slots") as s:  # no save path
         r = post(s, "/slots/0?action=save", {"filename": "x.bin"})
         assert r.status_code == 501 and "--slot-save-path" in r.json()["error"]["message"]
+        r = httpx.get(s.url + "/slots")  # --no-slots: llama-server's 501
+        assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
 
 
 def test_a_json_object_with_a_schema_follows_it(server):

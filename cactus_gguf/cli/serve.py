@@ -20,7 +20,7 @@ from .params import flag_of, given
 if TYPE_CHECKING:
     import uvicorn
 
-    from ..plan import ServePlan
+    from ..app.plan import ServePlan
     from ..server.worker import Worker
 
 
@@ -40,7 +40,7 @@ def serve(ctx: click.Context, verifier, draft, **_options) -> None:
     registry's default pair is served.
     """
     _require_server_extras()
-    from .. import plan as planner
+    from ..app import plan as planner
     from ..server.worker import Worker
 
     plan = _serve_plan(ctx, verifier, draft)
@@ -81,7 +81,7 @@ def _require_server_extras() -> None:
 def _serve_plan(ctx: click.Context, verifier, draft) -> ServePlan:
     """The ServePlan of the command line (models, run options, server settings), before any
     model loads; an error exits with one line."""
-    from .. import plan as planner
+    from ..app import plan as planner
 
     values = given(ctx)
     models_from_arguments(values, verifier, draft)
@@ -106,7 +106,7 @@ def _http_server(plan: ServePlan, worker: Worker) -> uvicorn.Server:
                           api_key=p["api_key"], strict_model=p["strict_model"],
                           request_timeout=p["request_timeout"],
                           cors_origins=tuple(p["cors_origin"]),
-                          slot_save_path=p["slot_save_path"])
+                          slots=p["slots"], slot_save_path=p["slot_save_path"])
     app = create_app(worker, config)
 
     class Server(uvicorn.Server):

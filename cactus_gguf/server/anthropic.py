@@ -13,8 +13,9 @@ chat does. The reply is Anthropic's message: ``text`` and ``tool_use`` content b
 ``error`` event when the engine fails or the server's shutdown cuts the reply). This server's
 ``speculative`` block rides along on the message (and on ``message_delta``).
 
-Refused with a 400 rather than ignored: image and document blocks (this server takes no media),
-``thinking`` enabled (the reply carries no thinking blocks). Errors are Anthropic's JSON,
+Refused with a 400 rather than ignored: image and document blocks (this server takes no media).
+``thinking`` is accepted as llama-server accepts it: a model that does not reason (none that this
+server parses) answers without thinking blocks. Errors are Anthropic's JSON,
 ``{"type": "error", "error": {"type", "message"}}``, the message naming the field.
 """
 from __future__ import annotations
@@ -163,9 +164,6 @@ def _text_of(blocks, field: str) -> str:
 def chat_body(body: MessagesRequest) -> dict:
     """The chat-completions body of a Messages body (module docstring). InputError naming the
     Messages field for what this server cannot take."""
-    if body.thinking and body.thinking.get("type") not in (None, "disabled"):
-        raise InputError("thinking: this server's replies have no thinking blocks; leave it "
-                         "out or send {\"type\": \"disabled\"}", param="thinking")
     messages: list[dict] = []
     if body.system is not None:
         messages.append({"role": "system", "content": _text_of(body.system, "system")})
@@ -286,11 +284,11 @@ class _Events:
     def event(kind: str, **data) -> dict:
         return {"event": kind, "data": json.dumps({"type": kind, **data})}
 
-    def start(self) -> dict:
+    def start(self, input_tokens: int) -> dict:
         return self.event("message_start", message={
             "id": _message_id(), "type": "message", "role": "assistant", "model": self.model,
             "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0}})
+            "usage": {"input_tokens": input_tokens, "output_tokens": 0}})
 
     def _close(self) -> list[dict]:
         if self.open is None:
@@ -360,7 +358,9 @@ async def messages(body: MessagesRequest, request: HttpRequest):
             return events.end(shape.chunk(result=result, stopped_by=job.stopped_by), result)
 
         return EventSourceResponse(
-            stream(job, request, state.metrics, head=[events.start()],
+            # the prompt's tokens (the prepared text, as the engine tokenizes it)
+            stream(job, request, state.metrics,
+                   head=[events.start(len(state.worker.engine.tokenize(job.prompt)))],
                    chunk=lambda c: events.chunk(shape.chunk(text=c.text, segments=c.segments,
                                                             logprobs=c.logprobs)),
                    done=done, failed=lambda e: events.error(e, state.redact)),

@@ -70,6 +70,7 @@ class ServerConfig:
     shutdown_grace: float = SHUTDOWN_GRACE
     request_timeout: float = 600.0
     cors_origins: tuple[str, ...] = ()
+    slots: bool = True  # GET /slots served (--no-slots: 501)
     slot_save_path: str | None = None  # the folder of /slots' save and restore (None: refused)
     max_body: int = MAX_BODY
     created: int = field(default_factory=lambda: int(time.time()))

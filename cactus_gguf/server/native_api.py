@@ -488,7 +488,7 @@ async def props(request: HttpRequest):
             # fields against llama-server")
             "model_path": os.path.basename(str(config.verifier)),
             "modalities": {"vision": False, "audio": False, "video": False},
-            "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
+            "endpoint_slots": config.slots, "endpoint_props": False, "endpoint_metrics": True,
             "ui": True, "chat_template": model.chat_template() or "",
             "bos_token": text(model.bos), "eos_token": text(model.eos),
             "build_info": build_info(),
@@ -513,15 +513,17 @@ async def slots(request: HttpRequest, fail_on_no_slot: str | None = None):
     """llama-server's slot list: the one slot's state (``is_processing`` while a request runs;
     ``n_prompt_tokens`` and ``prompt``: what its cache holds, which the next request's prefix
     reuse reads). ``?fail_on_no_slot=1``: 503 while it is busy."""
-    engine = _engine(request)
     worker, config = request.app.state.worker, request.app.state.config
+    if not config.slots:
+        return llama_error(501, "this server does not serve /slots: start it with --slots")
+    engine = _engine(request)
     busy = worker.waiting > 0 or worker.busy
     if fail_on_no_slot and busy:
         return llama_error(503, "no slot available")
     held = list(engine.verifier.tokens)  # (a copy: the worker may be changing it)
     return [{"id": 0, "n_ctx": engine.verifier.n_ctx,
              "speculative": config.defaults.speculates, "is_processing": busy,
-             "n_prompt_tokens": len(held), "params": generation_settings(config.defaults),
+             "n_prompt_tokens": len(held),
              "prompt": engine.verifier.model.detokenize(held, special=True)}]
 
 
