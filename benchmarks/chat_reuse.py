@@ -20,7 +20,7 @@ from pathlib import Path
 from cactus_gguf import Engine, LoadOptions, Request
 from cactus_gguf.llama.hw import build_facts, machine_facts
 from cactus_gguf.registry import load_registry, resolve_model
-from cactus_gguf.text import columns
+from cactus_gguf.prompting.text import columns
 
 USER_TURNS = [
     "Write a Python function that checks whether a string is a palindrome.",

@@ -4,7 +4,7 @@
                              [--sampling editor|greedy] [-t THREADS] [-o benchmarks/results/fim]
 
 Each case of the set (cut from this repository's code by prompts/make_fim.py) becomes the prompt
-/infill builds (cactus_gguf/fim.py: llama-server's layout, trimmed to the batch as there), on the
+/infill builds (cactus_gguf/prompting/fim.py: llama-server's layout, trimmed to the batch as there), on the
 registry's default pair with llama.vscode's sampling (top-k 40, top-p 0.99, no temperature
 sampler: T = 1; a fixed seed per case), or greedy (``--sampling greedy``). Before the
 configurations run, one untimed request of one token puts the file into both KV caches, as an
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from cactus_gguf import Engine, LoadOptions, Request
-from cactus_gguf.fim import infill_prompt
+from cactus_gguf.prompting.fim import infill_prompt
 from cactus_gguf.llama.hw import build_facts, machine_facts
 from cactus_gguf.registry import load_registry, resolve_model
 

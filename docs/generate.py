@@ -5,7 +5,7 @@ The blocks, each between ``<!-- NAME ... -->`` and ``<!-- /NAME -->`` markers:
 
 - docs/options.md: ``options:run``, ``options:bench``, ``options:serve``, the flag tables that
   ``python -m cactus_gguf.options COMMAND`` prints from the one options table;
-- docs/statistics.md: ``statistics``, the table of result fields (cactus_gguf/stats_table.py);
+- docs/statistics.md: ``statistics``, the table of result fields (cactus_gguf/stats/table.py);
 - docs/layout.md: ``layout``, one row per source file git tracks, the first sentence of its module
   docstring (Python) or of its opening comment (C: the text after ``name.c -``).
 
@@ -105,7 +105,7 @@ def generated() -> dict[tuple[Path, str], str]:
     """Every generated block: (file, block name) -> its body."""
     sys.path.insert(0, str(ROOT))
     from cactus_gguf.options import markdown_table
-    from cactus_gguf.stats_table import markdown_table as statistics_table
+    from cactus_gguf.stats.table import markdown_table as statistics_table
 
     out = {(OPTIONS_DOC, f"options:{c}"): markdown_table(c) for c in COMMANDS}
     out[(STATISTICS_DOC, "statistics")] = statistics_table()

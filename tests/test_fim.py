@@ -1,4 +1,4 @@
-"""Fill-in-the-middle (cactus_gguf/fim.py, server/fim.py): the prompt token by token against
+"""Fill-in-the-middle (cactus_gguf/prompting/fim.py, server/fim.py): the prompt token by token against
 llama-server's layout, its trimming, the early stops (t_max_predict_ms, n_indent), llama-server's
 ``samplers``, and ``/infill`` and ``/v1/completions`` with ``suffix`` on a tiny FIM model over
 real HTTP."""
@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from cactus_gguf.errors import InputError
-from cactus_gguf.fim import ExtraChunk, FimTokens, fim_tokens, infill_prompt
+from cactus_gguf.prompting.fim import ExtraChunk, FimTokens, fim_tokens, infill_prompt
 from cactus_gguf.llama.model import Model
 from cactus_gguf.server.fim import _LineLimits, sampler_overrides
 from support.server import LiveServer, client, serving, sse_events
@@ -249,6 +249,6 @@ def test_an_early_stop_reports_the_tokens_of_the_text_it_returns(model, monkeypa
         n = len(text)
         assert out["content"] == text and out["tokens"] == ids[:n]
         assert out["tokens_predicted"] == out["timings"]["predicted_n"] == n
-        # the first token left out, as llama-server does (stats_table.py predicted_per_token_ms)
+        # the first token left out, as llama-server does (stats/table.py predicted_per_token_ms)
         assert out["timings"]["predicted_per_token_ms"] == pytest.approx(500.0 / (n - 1))
         assert out["tokens_cached"] == 7 + len(ids)

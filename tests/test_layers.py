@@ -25,11 +25,11 @@ PACKAGE = ROOT / "cactus_gguf"
 LAYERS = (
     ("errors",),                                 # the exception types and exit codes
     ("options",),                                # the options table and the records built on it
-    ("sampling", "text", "fim", "toolcalls"),    # sampling maths and grammars; text and chat formats
+    ("sampling", "prompting"),                   # sampling maths and grammars; prompts and text
     ("registry",),                               # models.yaml and the model cache
     ("llama",),                                  # the llama.cpp bindings (build.py: the cache's dir)
     ("speculative", "stats"),                    # the engine and its generation statistics
-    ("plan",),                                   # from the user's options to an engine and a run
+    ("app",),                                    # from the user's options to an engine and a run
     ("bench", "server"),                         # the two applications over the engine
     ("cli",),                                    # the command line
     ("__main__", ""),                            # ``python -m cactus_gguf``; "" the facade

@@ -110,7 +110,7 @@ def test_k_zero_and_method_none_do_not_speculate():
 
 
 def test_a_pair_recommendation_applies_to_run_and_bench_alike():
-    from cactus_gguf.plan import settle
+    from cactus_gguf.app.plan import settle
     from cactus_gguf.registry import load_registry
 
     pair = load_registry().default_pair
@@ -213,7 +213,7 @@ def test_a_draft_models_option_with_a_drafter_that_uses_none_is_refused(tiny_pai
                         "drop --draft-vocab, or use --drafter model")
     _one_line_error(["run", ver, "--drafter", "mtp", "--draft-window", "8", "-p", "x"],
                     "--draft-window applies to a draft model")
-    from cactus_gguf import plan
+    from cactus_gguf.app import plan
 
     # the default (auto) says nothing: allowed
     assert plan.plan_run({"model": ver, "drafter": "ngram", "draft_vocab": "auto",
@@ -222,7 +222,8 @@ def test_a_draft_models_option_with_a_drafter_that_uses_none_is_refused(tiny_pai
 
 def test_naming_a_pairs_two_models_gets_the_pairs_settings():
     """`run VERIFIER_NAME DRAFT_NAME` of the default pair got temperature 0.8 and pair null."""
-    from cactus_gguf import plan, registry
+    from cactus_gguf import registry
+    from cactus_gguf.app import plan
 
     pair = registry.load_registry().default_pair
     default = plan.plan_run({"prompt": "x"})

@@ -1,4 +1,4 @@
-"""Where a generation's time goes in its statistics (stats.py): the draft's prompt, decoded late
+"""Where a generation's time goes in its statistics (stats/generation.py): the draft's prompt, decoded late
 under ``-k auto`` (a lazy reset: at the first step that drafts), is prompt processing
 (``prefill_seconds``, llama-server's ``prompt_ms``), not decoding (``decode_seconds``,
 ``predicted_ms``) nor drafting (issue 52: ``/infill`` with a large ``input_extra`` reported 8

@@ -28,7 +28,7 @@ def _flags(pair, server_flags: dict) -> dict:
 def _cli_param(pair, server_flags: dict, speculative: dict) -> str | None:
     """The option ``cactus-gguf run`` refuses (its plan, before loading) with the server's flags
     and the request's fields on its command line; None when it accepts them."""
-    from cactus_gguf import plan
+    from cactus_gguf.app import plan
 
     try:
         plan.plan_run({**_flags(pair, server_flags), **speculative, "prompt": "x"})
@@ -40,7 +40,7 @@ def _cli_param(pair, server_flags: dict, speculative: dict) -> str | None:
 def _server_request(pair, server_flags: dict, speculative: dict):
     """(the Request, None) the server makes of a chat body with ``speculative``, or (None, the
     InputError's param and message) when it refuses it."""
-    from cactus_gguf import plan
+    from cactus_gguf.app import plan
     from cactus_gguf.server.schemas import ChatCompletionRequest, to_request
 
     base = plan.plan_serve(_flags(pair, server_flags)).run.request

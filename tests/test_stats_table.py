@@ -1,4 +1,4 @@
-"""The statistics table (cactus_gguf/stats_table.py): every output shows exactly the table's
+"""The statistics table (cactus_gguf/stats/table.py): every output shows exactly the table's
 fields for it (``--json``, the summary line, the ``speculative`` block, ``timings``, ``/metrics``
 with ours and llama-server's names, the benchmark's reads), llama-server's ``timings`` leave the
 first token out, and docs/statistics.md is current."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cactus_gguf import stats_table as table
+from cactus_gguf.stats import table
 from cactus_gguf.options import Request
 from cactus_gguf.stats import GenerationResult, GenerationStats
 

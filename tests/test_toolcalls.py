@@ -1,4 +1,4 @@
-"""Tool calls (cactus_gguf/toolcalls.py, server/tools.py): the calling convention read from a chat
+"""Tool calls (cactus_gguf/prompting/toolcalls.py, server/tools.py): the calling convention read from a chat
 template, the parser on text cut at every character, the grammar walked byte by byte, and the
 server's answers on tiny models through the official openai client (non-streamed and streamed,
 tool_choice required / named / none, the history of a round trip, the 400s)."""
@@ -13,7 +13,7 @@ import pytest
 
 from cactus_gguf.errors import InputError
 from cactus_gguf.sampling.constraints import _byte_tokenizer, grammar_spec
-from cactus_gguf.toolcalls import (ToolCallParser, ToolFormat, render_with_tools, tool_format,
+from cactus_gguf.prompting.toolcalls import (ToolCallParser, ToolFormat, render_with_tools, tool_format,
                                    tool_grammar)
 from support.server import LiveServer, client, serving
 from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama

@@ -20,7 +20,7 @@ import subprocess
 import tokenize
 from pathlib import Path
 
-FILES = ["cactus_gguf/text.py", "cactus_gguf/stats.py", "cactus_gguf/registry/cache.py",
+FILES = ["cactus_gguf/prompting/text.py", "cactus_gguf/stats/generation.py", "cactus_gguf/registry/cache.py",
          "cactus_gguf/speculative/policy.py", "cactus_gguf/options/values.py",
          "cactus_gguf/llama/context.py"]
 PLACES = (0.25, 0.5, 0.75)

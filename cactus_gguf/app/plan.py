@@ -12,11 +12,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .errors import InputError
-from .options import (BY_NAME, MODEL_DRAFTERS, SELF_DRAFTERS, LoadOptions, Request,
+from ..errors import InputError
+from ..options import (BY_NAME, MODEL_DRAFTERS, SELF_DRAFTERS, LoadOptions, Request,
                       check_speculation, check_value, options_in, validate_pairing)
-from .options.rule import rule_of
-from .stats import GenerationResult
+from ..options.rule import rule_of
+from ..stats import GenerationResult
 
 __all__ = ["RunPlan", "ServePlan", "plan_run", "plan_serve", "open_engine", "execute_run",
            "result_json", "choose_pair", "settle", "read_file_options", "Interrupted",
@@ -54,7 +54,7 @@ def choose_pair(pair: str | None, verifier: str | None, draft: str | None):
 
     Raises InputError for an unknown pair, or a pair given together with models.
     """
-    from .registry import load_registry
+    from ..registry import load_registry
 
     if pair is None and (verifier is not None or draft is not None):
         return _pair_of_names(verifier, draft), verifier, draft
@@ -77,7 +77,7 @@ def _pair_of_names(verifier: str | None, draft: str | None):
     if verifier is None or draft is None or any(Path(m).expanduser().is_file()
                                                 for m in (verifier, draft)):
         return None
-    from .registry import load_registry
+    from ..registry import load_registry
 
     return next((p for p in load_registry().pairs.values()
                  if (p.verifier, p.draft) == (verifier, draft)), None)
@@ -239,8 +239,8 @@ def open_engine(plan: RunPlan, probe: bool = False):
     the plan's Request. ``probe``: under ``k="auto"``, also get this machine's forward costs now
     (a cache hit, or the probe) rather than at the first request (the server does).
     Raises ModelLoadError / VocabMismatchError / registry errors."""
-    from .registry import resolve_model
-    from .speculative import Engine
+    from ..registry import resolve_model
+    from ..speculative import Engine
 
     verifier = resolve_model(plan.verifier_spec)
     draft = resolve_model(plan.draft_spec) if plan.draft_spec is not None else None
@@ -268,7 +268,7 @@ def execute_run(plan: RunPlan, on_text: Callable[[str], None] | None = None,
     one-line messages; :class:`Interrupted` (a KeyboardInterrupt) with the partial result on
     Ctrl-C; RpcServerLostError (an RPC server died) with the partial result as ``e.result``.
     """
-    from .llama.devices import RpcServerLostError
+    from ..llama.devices import RpcServerLostError
 
     stream = placement = None
 
@@ -304,7 +304,7 @@ def check_tensor_split(load: LoadOptions) -> None:
     """A ``tensor_split`` with nothing to split (no layer offloaded, no offload device) is refused
     before anything loads, not ignored as llama.cpp would (llama/devices.py). InputError."""
     if load.tensor_split is not None:
-        from .llama.devices import check_tensor_split as check
+        from ..llama.devices import check_tensor_split as check
 
         check(load.tensor_split, load.n_gpu_layers, load.device, load.rpc)
 
@@ -321,7 +321,7 @@ def load_of(given: Mapping[str, Any], command: str = "run") -> LoadOptions:
 
 def nothing_generated(plan: RunPlan) -> GenerationResult:
     """The result of a run interrupted before generation began (while the models loaded)."""
-    from .stats import GenerationStats
+    from ..stats import GenerationStats
 
     return GenerationResult(text="", tokens=[], stop_reason="interrupted", stats=GenerationStats(),
                             seed=plan.request.seed, message="interrupted before generation began")

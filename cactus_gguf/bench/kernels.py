@@ -11,7 +11,7 @@ import numpy as np
 
 from ..llama.hw import machine_facts
 from ..sampling import AcceptanceParams, NativeSampler, SamplingParams
-from ..text import columns
+from ..prompting.text import columns
 from .report import fmt
 
 __all__ = ["kernel_benchmark", "format_kernel_table"]

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..text import columns
+from ..prompting.text import columns
 from .summary import quantiles
 
 __all__ = ["format_table", "format_markdown", "write_report", "fmt"]

@@ -24,7 +24,7 @@ from ..errors import InputError
 from ..llama.hw import build_facts, default_threads, machine_facts
 from ..options import (MODEL_DRAFTERS, LoadOptions, Request, check_value, default, options_in,
                        validate_pairing)
-from ..plan import check_tensor_split, choose_pair, read_file_options, settle
+from ..app.plan import check_tensor_split, choose_pair, read_file_options, settle
 from .grid import (config_grid, default_methods, needs_draft_model, request_for, schedule,
                    with_schema)
 from . import peers as _peers

@@ -199,7 +199,7 @@ def model_command(name: str, *, grid: bool = False):
 def _list_devices(ctx: click.Context, command: str, verifier, draft) -> None:
     """``--list-devices``: this build's backends and devices, and which the models would use;
     every option is validated first, as ``command`` would (a bad one: the usual one-line error)."""
-    from .. import plan as planner
+    from ..app import plan as planner
     from ..llama.placement import device_report
     from .params import given
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..text import columns
+from ..prompting.text import columns
 from .group import main
 from .params import schema_options
 

@@ -6,7 +6,7 @@ import click
 from ..errors import CactusError
 from ..options import CONSTRAINTS
 from ..options.rule import rule_words
-from ..stats_table import fmt
+from ..stats.table import fmt
 from .group import (configure_logging, exit_interrupted, interrupt_pending, model_command,
                     models_from_arguments, report_error)
 from .params import given
@@ -14,7 +14,7 @@ from .params import given
 
 def summary(result, request) -> str:
     """The one-line summary on stderr: the statistics table's ``summary`` fields
-    (stats_table.py), each in its number format."""
+    (stats/table.py), each in its number format."""
     s = result.stats
 
     def f(name: str) -> str:
@@ -72,7 +72,7 @@ def run(ctx: click.Context, verifier, draft, **_options) -> None:
     VERIFIER and DRAFT are GGUF paths or models.yaml names; with neither, the default pair is
     used (fetched on first use).
     """
-    from .. import plan as planner
+    from ..app import plan as planner
 
     values = given(ctx)
     models_from_arguments(values, verifier, draft)

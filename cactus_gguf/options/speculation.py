@@ -1,5 +1,5 @@
 """The one check of a request's speculation options that a Request cannot make alone, shared by the
-CLI (plan.py, before anything loads), the server (server/schemas.py ``to_request``, before a request
+CLI (app/plan.py, before anything loads), the server (server/schemas.py ``to_request``, before a request
 is queued) and the engine (speculative/engine.py ``_begin``, for the Python API), so no combination is
 accepted by one and refused by another.
 

@@ -29,7 +29,7 @@ from typing import Sequence, Union
 
 import llama_cpp
 
-from .errors import InputError
+from ..errors import InputError
 
 __all__ = ["FimTokens", "ExtraChunk", "fim_tokens", "infill_prompt"]
 

@@ -136,7 +136,7 @@ def render_chat(template: str | None, messages: Sequence[dict], *, bos: str, eos
     """
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    from .errors import InputError
+    from ..errors import InputError
 
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise InputError(f"messages must be a list of {{\"role\": ..., \"content\": ...}} dicts, got "

@@ -34,9 +34,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .errors import InputError
-from .sampling.constraints import _JSON_OPTIONS as JSON_OPTIONS
-from .sampling.constraints import json_matches
+from ..errors import InputError
+from ..sampling.constraints import _JSON_OPTIONS as JSON_OPTIONS
+from ..sampling.constraints import json_matches
 from .text import StopMatcher
 
 __all__ = ["ToolFormat", "tool_format", "render_with_tools", "tool_grammar", "ToolCallParser",

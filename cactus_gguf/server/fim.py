@@ -5,7 +5,7 @@
 ``samplers``, ``response_fields``, ``cache_prompt`` and the sampling fields) and answers with
 llama-server's object (``content``, ``stop_type``, ``tokens_predicted``, ``tokens_evaluated``,
 ``tokens_cached``, ``truncated``, ``timings`` ...) plus the ``speculative`` block; streamed, its
-``data:`` events are llama-server's (no ``[DONE]``). The prompt is cactus_gguf/fim.py's, from the
+``data:`` events are llama-server's (no ``[DONE]``). The prompt is cactus_gguf/prompting/fim.py's, from the
 model's FIM tokens; a model without them is a 400. Errors are llama-server's JSON, naming the
 field (native_api.py), and the API key is checked as on its other endpoints. Speculation runs as
 for any request (the server's drafter, or the request's ``speculative``); consecutive
@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
 from ..errors import InputError
-from ..fim import ExtraChunk, infill_prompt
+from ..prompting.fim import ExtraChunk, infill_prompt
 from ..speculative.session import tokens_within
 from .core import stream, submit
 from .http_errors import llama_error_of
@@ -115,7 +115,7 @@ def sampler_overrides(samplers) -> dict[str, Any]:
 
 class SuffixPlan:
     """``/v1/completions`` with ``suffix``: the prompt is the prefix, the completion fills in
-    before the suffix (the FIM prompt of cactus_gguf/fim.py, nothing trimmed: a prompt too long
+    before the suffix (the FIM prompt of cactus_gguf/prompting/fim.py, nothing trimmed: a prompt too long
     for the context is the usual 400)."""
 
     def __init__(self, prefix, suffix: str) -> None:

@@ -1,5 +1,5 @@
 """The server's Prometheus metrics (``GET /metrics``), with prometheus-client, declared by the
-statistics table (stats_table.py): ours (``cactus_*``) and llama-server's (``llamacpp:*``).
+statistics table (stats/table.py): ours (``cactus_*``) and llama-server's (``llamacpp:*``).
 
 Ours: counters of requests (by endpoint and HTTP status), tokens, verifier calls and draft
 forwards, generations by ``draft_vocab``; histograms per finished generation (an answer) of its
@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
-from ..stats_table import LLAMA_METRICS, METRICS, value_of
+from ..stats.table import LLAMA_METRICS, METRICS, value_of
 
 __all__ = ["Metrics", "CONTENT_TYPE_LATEST"]
 
@@ -68,7 +68,7 @@ class Metrics:
 
 
 class _LlamaMetrics:
-    """llama-server's ``llamacpp:*`` metrics, folded over finished generations (stats_table.py
+    """llama-server's ``llamacpp:*`` metrics, folded over finished generations (stats/table.py
     LlamaMetric: sum, max, rate, window) and the server's state."""
 
     def __init__(self) -> None:

@@ -9,8 +9,8 @@ from functools import lru_cache
 import llama_cpp
 
 from ..options.rule import rule_of
-from ..stats_table import speculative_fields
-from ..stats_table import timings as stats_timings
+from ..stats.table import speculative_fields
+from ..stats.table import timings as stats_timings
 
 __all__ = ["speculative_block", "timings", "build_info", "system_fingerprint"]
 
@@ -18,7 +18,7 @@ __all__ = ["speculative_block", "timings", "build_info", "system_fingerprint"]
 def speculative_block(request, result) -> dict:
     """The speculative block of a reply: the whole rule that ran (options/rule.py: each setting
     where it applies, null elsewhere; k = 0 reports method none, the verifier alone), then what
-    it did (the statistics table's ``speculative`` fields of ``result.stats``, stats_table.py:
+    it did (the statistics table's ``speculative`` fields of ``result.stats``, stats/table.py:
     AL is ``acceptance_length``, the residual / bonus token not counted), then the seed."""
     return {**rule_of(request), **speculative_fields(result.stats, request.speculates),
             "seed": result.seed}
@@ -26,7 +26,7 @@ def speculative_block(request, result) -> dict:
 
 def timings(s, n_predicted: int | None = None) -> dict:
     """llama-server's ``timings`` of a generation's stats ``s``: the statistics table's
-    ``timings`` fields (stats_table.py ``timings``: prompt the tokens decoded, those reused
+    ``timings`` fields (stats/table.py ``timings``: prompt the tokens decoded, those reused
     ``cache_n``; predicted the emitted tokens, or ``n_predicted``, the first token left out of
     the per-token figures as llama-server does; draft_n / draft_n_accepted when any were
     drafted). Times in milliseconds."""

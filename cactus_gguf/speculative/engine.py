@@ -43,7 +43,7 @@ from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampl
 from ..sampling.native import pack_allowed
 from ..sampling.constraints import Constraint, tokenizer_for
 from ..stats import GenerationResult
-from ..text import render_chat
+from ..prompting.text import render_chat
 from .device import device_top_k
 from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from .foreign import ForeignDrafter

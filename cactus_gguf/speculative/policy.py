@@ -10,7 +10,7 @@ nothing, so the order and number of the calls do not matter):
 - ``keep(draft)``: how many tokens of the Draft to verify, a prefix (0 drops a draft shorter
   than llama.cpp's ``--draft-min``: that step is verifier-only).
 Its state changes in one place: ``observe(draft, outcome)``, once per step, with the draft the
-drafter proposed (grammar-checked, before ``keep``) and the step's StepOutcome (stats.py);
+drafter proposed (grammar-checked, before ``keep``) and the step's StepOutcome (stats/generation.py);
 adaptive policies learn from it and decide what the next step may do.
 """
 from __future__ import annotations

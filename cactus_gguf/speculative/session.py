@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from ..stats import GenerationResult, GenerationStats
-from ..text import TextStream
+from ..prompting.text import TextStream
 from .drafters import Drafter
 from .policy import DraftPolicy
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .stats_table import json_fields
+from .table import json_fields
 
 if TYPE_CHECKING:
-    from .sampling.native import StepResult
+    from ..sampling.native import StepResult
 
 __all__ = ["StepOutcome", "GenerationStats", "GenerationResult"]
 
@@ -232,7 +232,7 @@ class GenerationStats:
 
     def as_dict(self) -> dict:
         """Every counter and derived figure, JSON-ready: the statistics table's ``json`` fields
-        (stats_table.py)."""
+        (stats/table.py)."""
         return json_fields(self)
 
 
