@@ -27,7 +27,7 @@
    bench.md under OUT/bench. With ``--peers`` (gpu_check.sh: ``PEERS=1``) llama.cpp's own
    speculation runs beside them (``bench --peers``: llama-server at p-min 0.75 and 0, every
    layer offloaded), from a llama-server built once with the same backend flag
-   (cactus_gguf/llama/build.py; cached apart from the CPU build) and put first on the bench's
+   (cactus_gguf/bench/build.py; cached apart from the CPU build) and put first on the bench's
    PATH.
 
 Writes OUT/gpu-check.json (everything) and OUT/gpu-check.md (the tables). Exit code 1 when a
@@ -170,7 +170,7 @@ def measure(args) -> int:
     report["splits_seconds"] = time.monotonic() - t0
     server_dir = None
     if args.peers:  # llama-server with this backend, before the bench's clock starts
-        from cactus_gguf.llama.build import llama_server
+        from cactus_gguf.bench.build import llama_server
 
         server = llama_server(sdist=args.sdist, backend_flags=BACKEND_FLAGS[args.backend],
                               log=print)

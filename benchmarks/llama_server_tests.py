@@ -10,7 +10,7 @@ they run through benchmarks/llama_server_shim.py, file by file, with a per-test 
 Steps:
 
 1. the tests: the llama-cpp-python sdist of the installed version, downloaded and extracted by
-   cactus_gguf/llama/build.py (:func:`vendored_source`); its ``tools/server/tests`` and
+   cactus_gguf/bench/build.py (:func:`vendored_source`); its ``tools/server/tests`` and
    ``models/templates`` (which some tests name by relative path) are kept in
    ``<cache>/llama-server-tests/<version>/`` (``<cache>``: cactus-gguf's cache,
    ``$CACTUS_GGUF_CACHE`` else ``~/.cache/cactus-gguf``);
@@ -213,14 +213,14 @@ SHIM_EXCLUDED = {
 
 # -- 1. the tests ---------------------------------------------------------------------------------
 def cache() -> Path:
-    from cactus_gguf.llama.build import cache_root, llama_cpp_python_version
+    from cactus_gguf.bench.build import cache_root, llama_cpp_python_version
 
     return cache_root() / "llama-server-tests" / llama_cpp_python_version()
 
 
 def tests_dir(sdist: Path | None) -> Path:
     """``tools/server/tests`` of the vendored llama.cpp, extracted once into the cache."""
-    from cactus_gguf.llama.build import vendored_source
+    from cactus_gguf.bench.build import vendored_source
 
     root = cache() / "llama.cpp"
     tests = root / "tools" / "server" / "tests"

@@ -21,8 +21,8 @@ from cactus_gguf.bench import peers
 from cactus_gguf.bench.report import peer_rows, per_prompt_rows
 from cactus_gguf.cli import main
 from cactus_gguf.errors import EngineError, InputError
-from cactus_gguf.llama import build
-from cactus_gguf.llama.build import llama_server_found
+from cactus_gguf.bench import build
+from cactus_gguf.bench.build import llama_server_found
 from cactus_gguf.options import LoadOptions, Request
 
 RECORDED = Path(__file__).parent / "golden" / "llama_server_completion.json"
@@ -225,13 +225,13 @@ def test_a_backend_build_has_its_own_cache_and_never_takes_path_s(tmp_path, monk
                     and llama_server_found() is None,
                     reason="no llama-server on PATH or built in the cache; building one takes "
                            "10-20 minutes on 2 cores, more than the test run's budget: "
-                           "python -m cactus_gguf.llama.build, or CACTUS_GGUF_BUILD_LLAMA_SERVER=1")
+                           "python -m cactus_gguf.bench.build, or CACTUS_GGUF_BUILD_LLAMA_SERVER=1")
 def test_bench_peers_runs_llama_server_on_the_tiny_pair(tiny_pair, tmp_path):
     """The tiny pair, greedy: llama.cpp's speculation is exact, so each peer's answer is the
     verifier alone's (cactus-gguf's none), token for token; the counts add up; the report has
     the comparison. Runs where llama-server is there (benchmarks/results/peers was measured with
     it); CACTUS_GGUF_BUILD_LLAMA_SERVER=1 builds it first."""
-    from cactus_gguf.llama.build import llama_server
+    from cactus_gguf.bench.build import llama_server
 
     llama_server()  # found or built (once) before the timed part
     ver, dft = tiny_pair

@@ -112,7 +112,7 @@ CTX = ContextOptions(n_ctx=512, n_threads=1)
 def lavapipe_everywhere(monkeypatch):
     """Every device of this process (the CPU the tiny model loads on) describes itself as
     lavapipe: device detection alone says the model runs there."""
-    monkeypatch.setattr(placement, "_dev_description", lambda dev: LAVAPIPE)
+    monkeypatch.setattr(placement, "dev_description", lambda dev: LAVAPIPE)
 
 
 @pytest.fixture
@@ -175,9 +175,9 @@ def test_asked_for_off_lavapipe_no_warm_up(tiny_pair, decodes, monkeypatch):
 def test_a_lavapipe_device_the_model_does_not_use_does_not_count(monkeypatch):
     names = {1: "CPU", 2: "Vulkan0", 3: "Vulkan1"}
     described = {1: "AMD EPYC", 2: "AMD Radeon RX 7900 XTX (RADV NAVI31)", 3: LAVAPIPE}
-    monkeypatch.setattr(placement.devices, "_all_devices", lambda: list(names))
-    monkeypatch.setattr(placement, "_dev_name", names.__getitem__)
-    monkeypatch.setattr(placement, "_dev_description", described.__getitem__)
+    monkeypatch.setattr(placement, "all_devices", lambda: list(names))
+    monkeypatch.setattr(placement, "dev_name", names.__getitem__)
+    monkeypatch.setattr(placement, "dev_description", described.__getitem__)
     assert not on_lavapipe(LayerPlacement(("Vulkan0",) * 3))  # the real GPU, lavapipe beside it
     assert not on_lavapipe(LayerPlacement(("CPU",) * 3))
     assert on_lavapipe(LayerPlacement(("Vulkan0", "Vulkan1", "CPU")))

@@ -27,7 +27,7 @@ LAYERS = (
     ("options",),                                # the options table and the records built on it
     ("sampling", "prompting"),                   # sampling maths and grammars; prompts and text
     ("registry",),                               # models.yaml and the model cache
-    ("llama",),                                  # the llama.cpp bindings (build.py: the cache's dir)
+    ("llama",),                                  # the llama.cpp bindings
     ("speculative", "stats"),                    # the engine and its generation statistics
     ("app",),                                    # from the user's options to an engine and a run
     ("bench", "server"),                         # the two applications over the engine

@@ -293,11 +293,11 @@ def open_servers(stack, configs: Sequence[dict], verifier: Path, draft: Path, lo
                  *, log_dir: Path | None = None,
                  say: Callable[[str], None] = lambda _m: None) -> dict[str, LlamaServer]:
     """config id -> a started LlamaServer (entered on ``stack``) for each peer configuration;
-    llama-server found or built first (cactus_gguf/llama/build.py)."""
+    llama-server found or built first (cactus_gguf/bench/build.py)."""
     peers = [c for c in configs if c.get("decoder") == DECODER]
     if not peers:
         return {}
-    from ..llama.build import llama_server
+    from .build import llama_server
 
     binary = llama_server(log=say)
     out = {}

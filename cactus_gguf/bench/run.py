@@ -366,7 +366,7 @@ def run_bench(plan: BenchPlan, *, progress: bool = True,
     draft_path = resolve_model(plan.draft_spec, progress=progress) if plan.draft_spec else None
     say(f"loading {verifier_path.name}" + (f" + {draft_path.name}" if draft_path else ""))
     if any(c.get("decoder") == _peers.DECODER for c in plan.configs):
-        from ..llama.build import llama_server
+        from .build import llama_server
 
         llama_server(log=say)  # found, or built before any model loads
     sitting = _sit(plan, verifier_path, draft_path, journal, done, progress=progress, say=say,

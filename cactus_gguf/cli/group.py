@@ -176,6 +176,22 @@ def models_from_arguments(values: dict, verifier, draft) -> None:
              "as arguments or with -m / -md")
 
 
+def _report_rpc_loss(error: CactusError) -> None:
+    """An RPC server lost inside a llama.cpp call on the main thread (llama/devices.py: nothing can
+    be raised there): the one-line error, then the exit code at once."""
+    sys.stdout.flush()
+    sys.stderr.write(f"cactus-gguf: error: {error}\n")
+    sys.stderr.flush()
+    os._exit(error.exit_code)
+
+
+def report_rpc_loss() -> None:
+    """Make a lost RPC server the CLI's one-line error (a command given RPC servers)."""
+    from ..llama.devices import set_loss_handler
+
+    set_loss_handler(_report_rpc_loss)
+
+
 def model_command(name: str, *, grid: bool = False):
     """Decorator: the subcommand ``name`` taking ``[VERIFIER] [DRAFT]`` and its options from
     the options table (grid options as comma-separated lists with ``grid``); the function gets the
@@ -185,6 +201,8 @@ def model_command(name: str, *, grid: bool = False):
 
     def decorate(f):
         def command(ctx: click.Context, verifier, draft, **options):
+            if options.get("rpc") or options.get("rpc_draft"):
+                report_rpc_loss()
             if options.get("list_devices"):  # every model command: print them, load nothing
                 return _list_devices(ctx, name, verifier, draft)
             return f(ctx, verifier, draft, **options)

@@ -40,7 +40,8 @@ from ..options import parse_endpoints, parse_tensor_split
 
 __all__ = ["RpcError", "RpcServerLostError", "probe", "check_servers", "device_list",
            "tensor_split", "check_tensor_split", "call", "free", "rpc_call", "rpc_lost",
-           "abandon_on_loss", "list_devices"]
+           "abandon_on_loss", "list_devices", "set_loss_handler", "all_devices", "dev_name",
+           "dev_description", "is_rpc_device", "ggml_fn", "DEV_CPU", "DEV_GPU", "DEV_IGPU"]
 
 # ggml-rpc's wire format (ggml/src/ggml-rpc/ggml-rpc.cpp of the vendored llama.cpp): a command byte,
 # a uint64 payload size, the payload; the answer is a uint64 size and its payload. HELLO is command
@@ -53,7 +54,7 @@ _RPC_PROTO_MAJOR, _RPC_PROTO_MINOR = 7, 0  # ggml-rpc.h; the client refuses mino
 PROBE_TIMEOUT = 3.0  # seconds, connect and handshake each
 
 # enum ggml_backend_dev_type (ggml-backend.h)
-_DEV_CPU, _DEV_GPU, _DEV_IGPU = 0, 1, 2
+DEV_CPU, DEV_GPU, DEV_IGPU = 0, 1, 2
 
 
 class RpcError(InputError):
@@ -131,7 +132,7 @@ _P = ctypes.c_void_p
 _ggml: dict[str, Any] = {}
 
 
-def _fn(name: str, restype, argtypes):
+def ggml_fn(name: str, restype, argtypes):
     """A function of libggml / libggml-base (the copies next to the libllama llama-cpp-python
     loaded, so ``LLAMA_CPP_LIB_PATH`` builds are used consistently)."""
     if name not in _ggml:
@@ -151,17 +152,17 @@ def _fn(name: str, restype, argtypes):
     return _ggml[name]
 
 
-def _dev_name(dev) -> str:
-    return (_fn("ggml_backend_dev_name", ctypes.c_char_p, [_P])(dev) or b"").decode()
+def dev_name(dev) -> str:
+    return (ggml_fn("ggml_backend_dev_name", ctypes.c_char_p, [_P])(dev) or b"").decode()
 
 
-def _dev_description(dev) -> str:
-    return (_fn("ggml_backend_dev_description", ctypes.c_char_p, [_P])(dev) or b"").decode()
+def dev_description(dev) -> str:
+    return (ggml_fn("ggml_backend_dev_description", ctypes.c_char_p, [_P])(dev) or b"").decode()
 
 
-def _all_devices() -> list:
-    count = _fn("ggml_backend_dev_count", ctypes.c_size_t, [])()
-    get = _fn("ggml_backend_dev_get", _P, [ctypes.c_size_t])
+def all_devices() -> list:
+    count = ggml_fn("ggml_backend_dev_count", ctypes.c_size_t, [])()
+    get = ggml_fn("ggml_backend_dev_get", _P, [ctypes.c_size_t])
     return [get(i) for i in range(count)]
 
 
@@ -175,9 +176,9 @@ def _rpc_devices(endpoint: str, param: str) -> list:
         return _rpc_regs[endpoint]
     _check_build(param)
     probe(endpoint, param)
-    reg_by_name = _fn("ggml_backend_reg_by_name", _P, [ctypes.c_char_p])
+    reg_by_name = ggml_fn("ggml_backend_reg_by_name", _P, [ctypes.c_char_p])
     rpc_reg = reg_by_name(b"RPC")
-    addr = _fn("ggml_backend_reg_get_proc_address", _P, [_P, ctypes.c_char_p])(
+    addr = ggml_fn("ggml_backend_reg_get_proc_address", _P, [_P, ctypes.c_char_p])(
         rpc_reg, b"ggml_backend_rpc_add_server")
     if not addr:
         raise RpcError(f"this llama.cpp's RPC backend has no ggml_backend_rpc_add_server ({{{param}}})",
@@ -187,9 +188,9 @@ def _rpc_devices(endpoint: str, param: str) -> list:
     reg = add_server(endpoint.encode())
     if not reg:
         raise RpcError(f"the rpc-server at {endpoint} ({{{param}}}) offers no device", param=param)
-    _fn("ggml_backend_register", None, [_P])(reg)
-    n = _fn("ggml_backend_reg_dev_count", ctypes.c_size_t, [_P])(reg)
-    get = _fn("ggml_backend_reg_dev_get", _P, [_P, ctypes.c_size_t])
+    ggml_fn("ggml_backend_register", None, [_P])(reg)
+    n = ggml_fn("ggml_backend_reg_dev_count", ctypes.c_size_t, [_P])(reg)
+    get = ggml_fn("ggml_backend_reg_dev_get", _P, [_P, ctypes.c_size_t])
     devs = [get(reg, i) for i in range(n)]
     _rpc_regs[endpoint] = devs
     _rpc_dev_ptrs.update(devs)
@@ -216,7 +217,7 @@ def _check_build(param: str) -> None:
 
 def list_devices() -> list[tuple[str, str]]:
     """(name, description) of every device llama.cpp knows now (CPU, GPUs, registered RPC)."""
-    return [(_dev_name(d), _dev_description(d)) for d in _all_devices()]
+    return [(dev_name(d), dev_description(d)) for d in all_devices()]
 
 
 def device_list(device: str | None, rpc: str | None, *, param_device: str = "device",
@@ -237,21 +238,21 @@ def device_list(device: str | None, rpc: str | None, *, param_device: str = "dev
     if device is not None:
         chosen = []
         if device.strip() != "none":
-            by_name = {_dev_name(d): d for d in _all_devices()}
+            by_name = {dev_name(d): d for d in all_devices()}
             for name in (s.strip() for s in device.split(",")):
                 if name not in by_name:
                     known = ", ".join(n for n in by_name) or "none"
                     raise InputError(f"{{{param_device}}} {name!r} is not a device of this machine "
                                      f"(known: {known}; `none` = CPU only)", param=param_device)
-                if _fn("ggml_backend_dev_type", ctypes.c_int, [_P])(by_name[name]) == _DEV_CPU:
+                if ggml_fn("ggml_backend_dev_type", ctypes.c_int, [_P])(by_name[name]) == DEV_CPU:
                     raise InputError(f"{{{param_device}}} names the CPU ({name}): list only "
                                      "offload devices; layers not offloaded run on the CPU "
                                      "(`none` = CPU only)", param=param_device)
                 chosen.append(by_name[name])
     else:
-        dev_type = _fn("ggml_backend_dev_type", ctypes.c_int, [_P])
-        local = [d for d in _all_devices() if d not in _rpc_dev_ptrs
-                 and dev_type(d) in (_DEV_GPU, _DEV_IGPU)]
+        dev_type = ggml_fn("ggml_backend_dev_type", ctypes.c_int, [_P])
+        local = [d for d in all_devices() if d not in _rpc_dev_ptrs
+                 and dev_type(d) in (DEV_GPU, DEV_IGPU)]
         chosen = remote + local  # llama.cpp's order (src/llama.cpp): servers first, the output
         # layer on the last device, so the logits need not cross the network
     return (_P * (len(chosen) + 1))(*chosen, None)
@@ -287,13 +288,18 @@ def check_tensor_split(tensor_split: str | None, n_gpu_layers: int, device: str 
         from . import log
 
         log.init_backend()  # registers the build's backends: their devices are listed after it
-        dev_type = _fn("ggml_backend_dev_type", ctypes.c_int, [_P])
-        if not any(dev_type(d) in (_DEV_GPU, _DEV_IGPU) for d in _all_devices()):
+        dev_type = ggml_fn("ggml_backend_dev_type", ctypes.c_int, [_P])
+        if not any(dev_type(d) in (DEV_GPU, DEV_IGPU) for d in all_devices()):
             raise InputError("{tensor_split} splits the verifier's offloaded layers between "
                              "devices, and this llama.cpp build has none to offload to (CPU only, "
                              "no {rpc}; {list_devices} shows them): drop {tensor_split}, or "
                              "install a GPU build (docs/hardware.md \"Install for your hardware\")",
                              param="tensor_split", options=("rpc", "list_devices"))
+
+
+def is_rpc_device(dev) -> bool:
+    """True for a device of an RPC server (registered by :func:`device_list`)."""
+    return dev in _rpc_dev_ptrs
 
 
 def uses_rpc(devices: ctypes.Array | None) -> bool:
@@ -331,15 +337,35 @@ def _on_abort(message: bytes) -> None:
         _lost.set()
     if threading.current_thread() is threading.main_thread():
         # a connection made on the caller's thread (ggml-rpc connects lazily) failed, and nobody
-        # else can report it: end here
-        sys.stdout.flush()
-        sys.stderr.write(f"cactus-gguf: error: {_lost_description()}\n")
-        sys.stderr.flush()
-        os._exit(RpcServerLostError.exit_code)
+        # else can report it: the error cannot be raised through ggml's C frames (returning lets
+        # ggml abort()), so the loss handler reports it and ends the process here
+        _loss_handler(RpcServerLostError(_lost_description()))
+        os._exit(RpcServerLostError.exit_code)  # a handler that returned
     # ggml-rpc's dispatcher thread (or the RPC worker): park it for good (returning would abort()
     # the process). Every llama.cpp call that can wait for it runs through rpc_call(), whose
     # caller raises now, or the next one does.
     threading.Event().wait()
+
+
+def _report_loss(error: RpcServerLostError) -> None:
+    """The default loss handler: the error as Python reports an uncaught one (its last line), then
+    the process ends with the error's exit code."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.write(f"{type(error).__name__}: {error}\n")
+        sys.stderr.flush()
+    os._exit(error.exit_code)
+
+
+_loss_handler: Callable[[RpcServerLostError], None] = _report_loss
+
+
+def set_loss_handler(handler: Callable[[RpcServerLostError], None]) -> None:
+    """Who reports an RPC server lost on the main thread (inside a llama.cpp call, where nothing
+    can be raised): ``handler(error)`` must end the process (``os._exit``); the CLI's prints its
+    one-line error (cli/group.py)."""
+    global _loss_handler
+    _loss_handler = handler
 
 
 def _exit_without_freeing() -> None:
@@ -354,7 +380,7 @@ def _install_abort_guard() -> None:
     if _abort_callback is None:
         cb_type = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
         _abort_callback = cb_type(_on_abort)
-        _fn("ggml_set_abort_callback", _P, [cb_type])(_abort_callback)
+        ggml_fn("ggml_set_abort_callback", _P, [cb_type])(_abort_callback)
 
 
 def _lost_description() -> str:

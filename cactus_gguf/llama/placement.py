@@ -21,14 +21,16 @@ import llama_cpp
 
 from ..errors import CapacityError
 from . import devices
-from .devices import _DEV_CPU, _DEV_GPU, _DEV_IGPU, _P, _dev_description, _dev_name, _fn
+from .devices import DEV_CPU, DEV_GPU, DEV_IGPU, all_devices, dev_description, dev_name, ggml_fn
 from .hw import physical_memory
+
+_P = ctypes.c_void_p
 
 __all__ = ["LayerPlacement", "device_report", "device_memory", "parse_layer_lines", "devices_key",
            "kv_shares", "on_lavapipe", "KvCacheTooLargeError", "check_kv_cache_fits"]
 
 _DEV_ACCEL = 3  # enum ggml_backend_dev_type: CPU, GPU, IGPU, ACCEL
-_TYPE_NAMES = {_DEV_CPU: "CPU", _DEV_GPU: "GPU", _DEV_IGPU: "integrated GPU",
+_TYPE_NAMES = {DEV_CPU: "CPU", DEV_GPU: "GPU", DEV_IGPU: "integrated GPU",
                _DEV_ACCEL: "accelerator"}
 
 # llama-model.cpp load_tensors (LLAMA_LOG_DEBUG), once per layer il = 0 .. L (L: the output layer)
@@ -81,7 +83,7 @@ def devices_key(*placements: "LayerPlacement | None") -> str:
     (``Vulkan0=llvmpipe (LLVM 15.0.6, 256 bits):29``): what a forward-cost measurement depends on
     beyond the CPU (llama.cpp's system info names the CPU's features only, the same for a CPU
     and a GPU build)."""
-    described = {_dev_name(d): _dev_description(d) for d in devices._all_devices()}
+    described = {dev_name(d): dev_description(d) for d in all_devices()}
     return "; ".join(",".join(f"{name}={described.get(name, '?')}:{n}"
                               for name, n in p.counts().items())
                      if p is not None else "unknown" for p in placements)
@@ -93,7 +95,7 @@ def kv_shares(placement: "LayerPlacement", kv_bytes: int) -> list[tuple[str, str
     (name, description, bytes of KV it would hold, bytes free now) per device other than the
     CPU (the CPU's share is host memory: Context checks the machine's)."""
     repeating = placement.devices[:-1]  # the last "layer" is the output layer: no KV
-    by_name = {_dev_name(d): d for d in devices._all_devices()}
+    by_name = {dev_name(d): d for d in all_devices()}
     out = []
     for name in dict.fromkeys(d for d in repeating if d != "CPU"):
         dev = by_name.get(name)
@@ -102,7 +104,7 @@ def kv_shares(placement: "LayerPlacement", kv_bytes: int) -> list[tuple[str, str
         free, total = device_memory(dev)
         if total:  # a device that reports no memory is not checked
             share = kv_bytes * sum(d == name for d in repeating) // max(1, len(repeating))
-            out.append((name, _dev_description(dev), share, free))
+            out.append((name, dev_description(dev), share, free))
     return out
 
 
@@ -110,7 +112,7 @@ def on_lavapipe(placement: "LayerPlacement") -> bool:
     """Whether layers of this placement run on Mesa's lavapipe, the software Vulkan device (it
     describes itself as ``llvmpipe (LLVM ...)``). A lavapipe device this model does not use (beside
     a real GPU, say) does not count."""
-    described = {_dev_name(d): _dev_description(d) for d in devices._all_devices()}
+    described = {dev_name(d): dev_description(d) for d in all_devices()}
     lavapipe = {name for name, what in described.items() if what.startswith("llvmpipe")}
     return any(d in lavapipe for d in placement.devices)
 
@@ -135,30 +137,30 @@ def parse_layer_lines(lines: Sequence[str]) -> LayerPlacement | None:
 def device_memory(dev) -> tuple[int, int]:
     """(free, total) bytes of a ggml device, as its backend reports them (0, 0: it reports none)."""
     free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-    _fn("ggml_backend_dev_memory", None, [_P, ctypes.POINTER(ctypes.c_size_t),
+    ggml_fn("ggml_backend_dev_memory", None, [_P, ctypes.POINTER(ctypes.c_size_t),
                                           ctypes.POINTER(ctypes.c_size_t)])(
         dev, ctypes.byref(free), ctypes.byref(total))
     return free.value, total.value
 
 
 def _dev_type(dev) -> int:
-    return _fn("ggml_backend_dev_type", ctypes.c_int, [_P])(dev)
+    return ggml_fn("ggml_backend_dev_type", ctypes.c_int, [_P])(dev)
 
 
 def _backends() -> list[str]:
-    count = _fn("ggml_backend_reg_count", ctypes.c_size_t, [])()
-    get = _fn("ggml_backend_reg_get", _P, [ctypes.c_size_t])
-    name = _fn("ggml_backend_reg_name", ctypes.c_char_p, [_P])
+    count = ggml_fn("ggml_backend_reg_count", ctypes.c_size_t, [])()
+    get = ggml_fn("ggml_backend_reg_get", _P, [ctypes.c_size_t])
+    name = ggml_fn("ggml_backend_reg_name", ctypes.c_char_p, [_P])
     return [(name(get(i)) or b"?").decode() for i in range(count)]
 
 
 def _default_devices() -> list:
     """The devices llama.cpp gives a model when none are named: RPC servers first, then the
     GPUs, then the integrated GPUs only if there is no other GPU (src/llama.cpp)."""
-    everything = devices._all_devices()
-    rpc = [d for d in everything if d in devices._rpc_dev_ptrs]
-    gpus = [d for d in everything if d not in devices._rpc_dev_ptrs and _dev_type(d) == _DEV_GPU]
-    igpus = [d for d in everything if _dev_type(d) == _DEV_IGPU]
+    everything = all_devices()
+    rpc = [d for d in everything if devices.is_rpc_device(d)]
+    gpus = [d for d in everything if not devices.is_rpc_device(d) and _dev_type(d) == DEV_GPU]
+    igpus = [d for d in everything if _dev_type(d) == DEV_IGPU]
     return rpc + gpus + ([] if gpus else igpus)
 
 
@@ -179,7 +181,7 @@ def _would_use(role: str, flags: tuple[str, str], n_gpu_layers: int, device: str
         return f"{role}: CPU only ({why})"
     layers = "all layers" if n_gpu_layers < 0 else f"up to {n_gpu_layers} layers"
     return (f"{role} ({layers_flag} {n_gpu_layers}: {layers}): "
-            + ", ".join(_dev_name(d) for d in devs))
+            + ", ".join(dev_name(d) for d in devs))
 
 
 def device_report(load, *, with_draft: bool = True,
@@ -200,11 +202,11 @@ def device_report(load, *, with_draft: bool = True,
                         "device_draft", "rpc_draft") if with_draft else None)
     lines = [f"llama.cpp (llama-cpp-python {llama_cpp.__version__}) backends: "
              + ", ".join(_backends()), "devices:"]
-    for d in devices._all_devices():
+    for d in all_devices():
         free, total = device_memory(d)
         memory = f"{_mib(total)}, {_mib(free)} free" if total else "memory not reported"
-        kind = "RPC server" if d in devices._rpc_dev_ptrs else _TYPE_NAMES.get(_dev_type(d), "?")
-        lines.append(f"  {_dev_name(d)}: {_dev_description(d)} ({kind}; {memory})")
+        kind = "RPC server" if devices.is_rpc_device(d) else _TYPE_NAMES.get(_dev_type(d), "?")
+        lines.append(f"  {dev_name(d)}: {dev_description(d)} ({kind}; {memory})")
     lines.append(verifier)
     if draft is not None:
         lines.append(draft)

@@ -8,7 +8,7 @@ device memory, sequence removal on the device, host/device synchronisation aroun
 
 ``gpu_build("vulkan")`` installs the Debian packages it needs when missing (``DEBIAN_PACKAGES``),
 then compiles the llama.cpp source of the llama-cpp-python sdist (downloaded with pip, or the one
-given; the product's steps, cactus_gguf/llama/build.py) with ``-DGGML_VULKAN=ON``: the shared
+given; the product's steps, cactus_gguf/bench/build.py) with ``-DGGML_VULKAN=ON``: the shared
 libraries libllama, libggml*, libggml-vulkan. It runs once per backend, llama-cpp-python version
 and flag set, cached in ``~/.cache/cactus-gguf/gpu-build/<backend>-<version>-<flags hash>/``
 (``$CACTUS_GGUF_CACHE`` moves it). A process runs cactus-gguf on it with
@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cactus_gguf.llama.build import cache_root, cmake_build_vendored
+from cactus_gguf.bench.build import cache_root, cmake_build_vendored
 
 __all__ = ["GpuBuild", "gpu_build", "BACKEND_FLAGS", "DEBIAN_PACKAGES"]
 

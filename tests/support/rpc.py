@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cactus_gguf.llama.build import cache_root, cmake_build_vendored
+from cactus_gguf.bench.build import cache_root, cmake_build_vendored
 
 __all__ = ["RpcBuild", "rpc_build", "RpcServer", "free_port"]
 

@@ -200,5 +200,5 @@ def llama_server(*, sdist: Path | None = None, jobs: int | None = None,
     return binary
 
 
-if __name__ == "__main__":  # python -m cactus_gguf.llama.build [SDIST]: build (or find) it
+if __name__ == "__main__":  # python -m cactus_gguf.bench.build [SDIST]: build (or find) it
     print(llama_server(sdist=Path(sys.argv[1]) if len(sys.argv) > 1 else None, log=print))
