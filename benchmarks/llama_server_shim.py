@@ -4,8 +4,10 @@
 It reads llama-server's command line and replaces itself with ``python -m cactus_gguf serve`` and
 the equivalent flags (benchmarks/llama_server_tests.py points ``LLAMA_SERVER_BIN_PATH`` at it).
 
-Each llama-server flag is one of three kinds (``FLAGS`` below):
+Each llama-server flag is one of these kinds:
 
+- the same: serve has a flag of that name (the list ``serve_flags`` of the models file, which the
+  runner reads from serve's own command): passed on as it is;
 - mapped: serve has the same setting under its own name (``--ctx-size`` -> ``-c``, ``--alias``
   -> ``-a``, ``--spec-draft-n-max`` -> ``-k``, ...);
 - dropped: it changes nothing a test can see on this server (``--jinja``, ``--offline``,
@@ -168,6 +170,8 @@ def stand_in(models: dict, names: list[str]) -> tuple[str, str]:
 def translate(argv: list[str], env: dict[str, str]) -> list[str]:
     """serve's arguments for llama-server's ``argv`` (exits through :func:`needs` for a flag
     without a counterpart)."""
+    models = stand_ins()
+    same = set(models.get("serve_flags", ()))
     out: list[str] = []
     model = draft = None
     remote: list[str] = []
@@ -177,9 +181,12 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
         value = None
         if "=" in arg and arg.startswith("--"):
             arg, value = arg.split("=", 1)
-        if arg not in FLAGS:
+        if arg in same and FLAGS.get(arg, ("", ""))[0] != "model":
+            kind, target = "map", arg
+        elif arg not in FLAGS:
             needs(arg, "a llama-server flag this shim does not know")
-        kind, target = FLAGS[arg]
+        else:
+            kind, target = FLAGS[arg]
         if arg not in SWITCHES and value is None:
             if i + 1 >= len(argv):
                 sys.exit(f"{PREFIX}: {arg} needs a value")
@@ -217,7 +224,6 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
         needs("AIP_MODE=PREDICTION", "Google Vertex AI's prediction routes (GCP compat)")
     if "," in (_value(out, "--host") or ""):
         needs("--host A,B", "listening on several addresses at once")
-    models = stand_ins()
     if model is None and not remote:
         needs("(no model)", "the model router: llama-server started without a model")
     if model is not None and Path(model).is_file():
@@ -239,9 +245,13 @@ def _value(args: list[str], flag: str) -> str | None:
 def main() -> None:
     args = translate(sys.argv[1:], dict(os.environ))
     python = os.environ.get("CACTUS_SHIM_PYTHON", sys.executable)
+    env = dict(os.environ)
+    tree = env.get("CACTUS_SHIM_TREE")  # the cactus-gguf source tree to serve from
+    if tree:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH")) if p)
     cmd = [python, "-m", "cactus_gguf", "serve", *args]
     print(f"{PREFIX}: {' '.join(cmd)}", flush=True)
-    os.execv(python, cmd)  # the tests' SIGTERM reaches serve itself
+    os.execve(python, cmd, env)  # the tests' SIGTERM reaches serve itself
 
 
 def pytest_configure(config) -> None:  # as a pytest plugin: see the module's text

@@ -69,7 +69,9 @@ EXCLUDED_FILES = {
     "test_tools_builtin.py": "server-side tools (tools_builtin)",
     "test_proxy.py": "server-side MCP tools (the web UI's MCP CORS proxy)",
 }
-# single tests (a name without its [parameters] stands for all of them): (category, why)
+# single tests (a name without its [parameters] stands for all of them): (category, why), or
+# (category, why, text): only when the failure's message holds that text (a reason measured on
+# one version of serve does not stick to a test that now fails otherwise)
 TEXT = "asserts the model's text (its words or its tokenizer's counts)"
 PARALLEL = "--parallel slots"
 MULTIMODAL = "multimodal"
@@ -129,7 +131,8 @@ EXCLUDED: dict[str, tuple[str, str]] = {
         MULTIMODAL, "images"),
     "test_slot_save.py::test_slot_restore_media_file_without_mmproj": (MULTIMODAL, "media"),
 }
-# the backlog: tests that fail on a route, field or behaviour of ours: (kind, why)
+# the backlog: tests that fail on a route, field or behaviour of ours: (kind, why[, text]);
+# a failure that no entry matches is reported "unclassified" with its message
 ROUTE, FIELD, BEHAVIOUR, FLAG = "route missing", "field missing", "behaviour", "needs flag"
 FAILURES: dict[str, tuple[str, str]] = {
     "test_basic.py::test_server_slots": (
@@ -212,15 +215,24 @@ SHIM_EXCLUDED = {
 
 
 # -- 1. the tests ---------------------------------------------------------------------------------
+def _build():
+    """cactus-gguf's llama.cpp build helpers (the sdist download and extraction)."""
+    try:
+        from cactus_gguf.bench import build
+    except ImportError:  # before they moved
+        from cactus_gguf.llama import build
+    return build
+
+
 def cache() -> Path:
-    from cactus_gguf.bench.build import cache_root, llama_cpp_python_version
+    cache_root, llama_cpp_python_version = _build().cache_root, _build().llama_cpp_python_version
 
     return cache_root() / "llama-server-tests" / llama_cpp_python_version()
 
 
 def tests_dir(sdist: Path | None) -> Path:
     """``tools/server/tests`` of the vendored llama.cpp, extracted once into the cache."""
-    from cactus_gguf.bench.build import vendored_source
+    vendored_source = _build().vendored_source
 
     root = cache() / "llama.cpp"
     tests = root / "tools" / "server" / "tests"
@@ -292,7 +304,38 @@ FIM_REPOS = ["ggml-org/test-model-stories260K-infill"]
 DOWNLOADED = {"stories15M-q4_0.gguf": "tiny-draft"}
 
 
-def models(tests: Path) -> Path:
+def snapshot(rev: str) -> tuple[Path, str]:
+    """The tracked files of commit ``rev`` in the cache (and the built native library copied in:
+    it is not tracked), so that others' edits of the working tree during a long run change
+    nothing; returns (the tree, its commit)."""
+    sha = subprocess.run(["git", "rev-parse", rev], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    tree = cache() / "trees" / sha[:12]
+    if not (tree / "DONE").exists():
+        shutil.rmtree(tree, ignore_errors=True)
+        tree.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", sha], cwd=ROOT, capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        for lib in (ROOT / "cactus_gguf").rglob("*.so"):
+            target = tree / lib.relative_to(ROOT)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(lib, target)
+        (tree / "DONE").write_text(sha + "\n")
+    return tree, sha
+
+
+def serve_flags(tree: Path) -> list[str]:
+    """The flags of ``cactus-gguf serve`` (the tree's)."""
+    code = ("import json; from cactus_gguf.cli import main; c = main.commands['serve']; "
+            "print(json.dumps(sorted(o for p in c.params for o in (*p.opts, *p.secondary_opts) "
+            "if o.startswith('-'))))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(tree)}, check=True)
+    return json.loads(r.stdout)
+
+
+def models(tests: Path, tree: Path) -> Path:
     """models.json for the shim (writing the stand-ins once); see the module's text."""
     from support.tiny_gguf import write_llama
 
@@ -314,7 +357,7 @@ def models(tests: Path) -> Path:
             "fim": [str(files["fim"]), str(files["fim-draft"])],
             "smollm": [smollm, smollm],
             "repos": {**{r: "tiny" for r in TINY_REPOS}, **{r: "fim" for r in FIM_REPOS}},
-            "default": "smollm"}
+            "default": "smollm", "serve_flags": serve_flags(tree)}
     path = d / "models.json"
     path.write_text(json.dumps(spec, indent=1))
     (tests / "tmp").mkdir(exist_ok=True)
@@ -333,14 +376,14 @@ def free_port() -> int:
 
 
 def run_file(python: Path, tests: Path, name: str, models_json: Path, raw: Path,
-             timeout: int, slow: bool) -> dict:
+             timeout: int, slow: bool, tree: Path) -> dict:
     env = {**os.environ,
            "LLAMA_SERVER_BIN_PATH": str(SHIM),
            "CACTUS_SHIM_MODELS": str(models_json),
            "CACTUS_SHIM_PYTHON": sys.executable,
+           "CACTUS_SHIM_TREE": str(tree),
            "PORT": str(free_port()),
-           "PYTHONPATH": os.pathsep.join([str(SHIM.parent), str(ROOT),
-                                          os.environ.get("PYTHONPATH", "")]),
+           "PYTHONPATH": os.pathsep.join([str(SHIM.parent), os.environ.get("PYTHONPATH", "")]),
            "CACTUS_GGUF_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("SLOW_TESTS", None)
     xml = raw / f"{Path(name).stem}.xml"
@@ -381,8 +424,15 @@ def outcomes(xml: Path) -> list[dict]:
     return out
 
 
-def lookup(table: dict, file: str, test: str):
-    return table.get(f"{file}::{test}") or table.get(f"{file}::{test.split('[')[0]}")
+def lookup(table: dict, file: str, test: str, message: str, exact: bool = False):
+    """The entry of ``test`` (exact: its own, else its own or its function's) whose text, if it
+    has one, is in ``message``; None when there is none."""
+    for key in (f"{file}::{test}",) if exact else (f"{file}::{test}",
+                                                   f"{file}::{test.split('[')[0]}"):
+        hit = table.get(key)
+        if hit is not None and (len(hit) < 3 or hit[2] in message):
+            return hit
+    return None
 
 
 def classify(file: str, r: dict) -> None:
@@ -394,7 +444,7 @@ def classify(file: str, r: dict) -> None:
         r["status"], r["reason"] = "excluded", EXCLUDED_FILES[file]
         return
     # an entry for the test itself, then the shim's "needs", then an entry for all parameters
-    if (hit := EXCLUDED.get(f"{file}::{r['test']}")) is not None:
+    if (hit := lookup(EXCLUDED, file, r["test"], r["message"], exact=True)) is not None:
         r["status"], r["reason"] = "excluded", f"{hit[0]}: {hit[1]}"
         return
     if r["needs"] and r["needs"][0] in SHIM_EXCLUDED:
@@ -403,11 +453,11 @@ def classify(file: str, r: dict) -> None:
     if r["needs"]:
         r["status"], r["reason"] = "failed", f"{FLAG}: {r['needs'][0]} ({r['needs'][1]})"
         return
-    if (hit := lookup(EXCLUDED, file, r["test"])) is not None:
+    if (hit := lookup(EXCLUDED, file, r["test"], r["message"])) is not None:
         r["status"], r["reason"] = "excluded", f"{hit[0]}: {hit[1]}"
         return
     r["status"] = "failed"
-    if (hit := lookup(FAILURES, file, r["test"])) is not None:
+    if (hit := lookup(FAILURES, file, r["test"], r["message"])) is not None:
         r["reason"] = f"{hit[0]}: {hit[1]}"
     else:
         r["reason"] = "unclassified: " + r["message"].splitlines()[0][:200] if r["message"] \
@@ -428,6 +478,7 @@ def report(out: Path, runs: list[dict], notes: list[str], timeout: int) -> dict:
     total = {k: sum(f[k] for f in files) for k in ("tests", "passed", "failed", "excluded",
                                                     "skipped", "seconds")}
     data = {"llama_cpp_python": cache().name,
+            "cactus_gguf": sorted({r.get("cactus_gguf", "working tree") for r in runs}),
             "per_test_timeout_s": sorted({r.get("timeout", timeout) for r in runs}),
             "environment_notes": notes, "total": total, "files": files}
     (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
@@ -444,6 +495,8 @@ def readme(data: dict) -> str:
         f"{data['llama_cpp_python']} vendors), unmodified, run against `cactus-gguf serve` by",
         "",
         "    python benchmarks/llama_server_tests.py",
+        "",
+        f"cactus-gguf: {', '.join(data['cactus_gguf'])} (`--at REV` serves a commit).",
         "",
         "through benchmarks/llama_server_shim.py (llama-server's command line mapped to serve's; "
         "how, and the model stand-ins: the two scripts' module texts). Per-test timeout "
@@ -468,6 +521,14 @@ def readme(data: dict) -> str:
                      f"{f['excluded']} | {f['skipped']} | {f['seconds']:.0f} |")
     lines.append(f"| **all** | {t['tests']} | {t['passed']} | {t['failed']} | {t['excluded']} | "
                  f"{t['skipped']} | {t['seconds']:.0f} |")
+    kinds: dict[str, int] = {}
+    for f in data["files"]:
+        for c in f["cases"]:
+            if c["status"] in ("failed", "excluded"):
+                key = f"{c['status']}: {c['reason'].split(':')[0]}"
+                kinds[key] = kinds.get(key, 0) + 1
+    lines += ["", "| why a test did not pass | tests |", "|---|---:|"]
+    lines += [f"| {k} | {n} |" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])]
     for status, title in (("failed", "Failures (the backlog)"), ("excluded", "Excluded")):
         lines += ["", f"## {title}", "", "| test | reason |", "|---|---|"]
         for f in data["files"]:
@@ -496,6 +557,9 @@ def main() -> None:
     ap.add_argument("--slow", action="store_true",
                     help="run the tests marked slow too (llama.cpp's tests.sh leaves them out: "
                     "1-8B models, stood in here by SmolLM2-135M)")
+    ap.add_argument("--at", metavar="REV",
+                    help="serve cactus-gguf as committed at REV (a snapshot in the cache), not "
+                    "the working tree (which others may be editing during a long run)")
     ap.add_argument("--sdist", type=Path, help="a llama-cpp-python sdist to take the tests from")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--report-only", action="store_true",
@@ -511,13 +575,17 @@ def main() -> None:
     if not a.report_only:
         tests = tests_dir(a.sdist)
         python, notes = environment(tests)
-        models_json = models(tests)
+        tree, commit = (snapshot(a.at) if a.at else (ROOT, "working tree"))
+        if a.at:
+            print(f"serving cactus-gguf at {commit} (from {tree})", flush=True)
+        models_json = models(tests, tree)
         names = a.files or sorted(p.name for p in (tests / "unit").glob("test_*.py"))
         for name in names:
             name = Path(name).name
             print(f"{name} ...", end=" ", flush=True)
-            runs[name] = {**run_file(python, tests, name, models_json, raw, a.timeout, a.slow),
-                          "timeout": a.timeout, "slow": a.slow}
+            runs[name] = {**run_file(python, tests, name, models_json, raw, a.timeout, a.slow,
+                                          tree),
+                          "timeout": a.timeout, "slow": a.slow, "cactus_gguf": commit}
             print(f"{runs[name]['seconds']:.0f} s", flush=True)
             runs_file.write_text(json.dumps({"runs": sorted(runs.values(),
                                                             key=lambda r: r["file"]),
