@@ -32,7 +32,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ContextLengthError, EngineBusyError, InputError
+from ..errors import EngineBusyError, InputError
 from ..llama import Context, ContextOptions
 from ..llama.abort import abortable
 from ..llama.context import DecodeCancelled, DecodeError
@@ -44,10 +44,10 @@ from ..sampling.native import pack_allowed
 from ..sampling.constraints import Constraint, tokenizer_for
 from ..stats import GenerationResult
 from ..prompting.text import render_chat
+from ..prompting.tokens import prompt_tokens
 from .device import device_top_k
-from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
-from .foreign import ForeignDrafter
-from .mtp import MtpDrafter, MtpHead
+from .factory import make_drafter
+from .mtp import MtpHead
 from ..registry.cache import cache_dir
 from .costs import SlowStepWatch, forward_costs
 from .loading import load_pair
@@ -387,48 +387,10 @@ class Engine:
         ver = self._live()
         validate_pairing(self.load_options, req)
         check_speculation(req, drafters=self.drafters)  # a drafter these models run
-        if isinstance(prompt, str):
-            tokens = self.tokenize(prompt)
-        elif isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
-            raise InputError(f"prompt must be a str or a sequence of token ids, got "
-                             f"{type(prompt).__name__}", param="prompt")
-        else:
-            bad = next((t for t in prompt if isinstance(t, bool)
-                        or not isinstance(t, (int, np.integer))), None)
-            if bad is not None:
-                raise InputError(f"prompt token ids must be integers, got {bad!r}",
-                                 param="prompt")
-            tokens = [int(t) for t in prompt]
-        if not tokens:  # empty text is a prompt when the model adds BOS (then its one token)
-            raise InputError("the prompt is empty and this model adds no BOS token, so there is "
-                             "nothing to continue: give some text" if isinstance(prompt, str)
-                             else "the prompt is empty: give at least one token id",
-                             param="prompt")
-        bad = next((t for t in tokens if not 0 <= t < ver.n_vocab), None)
-        if bad is not None:
-            raise InputError(f"prompt token id {bad} is outside the verifier's vocabulary "
-                             f"[0, {ver.n_vocab})", param="prompt")
-        if len(tokens) >= ver.n_ctx:
-            raise ContextLengthError(
-                f"the prompt is {len(tokens)} tokens and {{n_ctx}} is {ver.n_ctx}: raise {{n_ctx}} "
-                f"above {len(tokens)} or shorten the prompt by {len(tokens) - ver.n_ctx + 1} "
-                "tokens", param="n_ctx", n_prompt_tokens=len(tokens), n_ctx=ver.n_ctx)
+        tokens = prompt_tokens(prompt, self.tokenize, ver.n_vocab, ver.n_ctx)
         acceptance = acceptance_params(req, self._end_mask(req))
         seed = req.seed if req.seed >= 0 else secrets.randbits(32)
-        drafter = None
-        if acceptance is not None:
-            if req.drafter == "ngram":
-                drafter = NgramDrafter(req.ngram_max, req.ngram_min)
-            elif req.drafter == "mtp":  # (check_speculation: the head is loaded)
-                drafter = MtpDrafter(self.mtp, ver.n_vocab)
-            else:  # model or hybrid (check_speculation: a draft model is loaded)
-                drafter = self._model_drafter(req, seed)
-                if req.drafter == "hybrid":
-                    drafter = HybridDrafter(drafter, req.ngram_max)
-                if req.draft_ceiling >= self.draft.n_batch:
-                    name = req.draft_ceiling_option
-                    raise InputError(f"{{{name}}}={req.draft_ceiling} must be below the draft's "
-                                     f"n_batch={self.draft.n_batch}", param=name)
+        drafter = self._make_drafter(req, seed) if acceptance is not None else None
         sampler = NativeSampler(ver.n_vocab, sampling_params(req),
                                 acceptance or AcceptanceParams(method="sps"), seed,
                                 draft_temp=req.draft_temp)
@@ -449,26 +411,10 @@ class Engine:
                                             grammar=session.constraint is not None)
         return session
 
-    def _model_drafter(self, req: Request, seed: int):
-        """The draft model's drafter for ``req``: the plain one when the pair shares one
-        vocabulary (or ``draft_vocab`` resolves to ``same``), else a ForeignDrafter in the method
-        ``draft_vocab`` resolves to (speculative/foreign.py). Raises InputError (a method the
-        pair cannot use; ``draft_window`` with a foreign draft)."""
-        ver, method = self._live(), self.pair_vocab.method_for(req.draft_vocab)
-        log.debug("draft vocabulary: %s (draft_vocab %s)", method, req.draft_vocab)
-        if method == "same":
-            return ModelDrafter(self.draft, ver.n_vocab, req.draft_window)
-        if req.draft_window:
-            raise InputError(f"{{draft_window}} works only with a draft of the verifier's "
-                             f"vocabulary, and this request drafts with {{draft_vocab}} {method}: "
-                             "set {draft_window} 0", param="draft_window",
-                             options=("draft_vocab",))
-        with self._cache_lock:
-            translator = self.pair_vocab.translator(ver.model, self.draft.model)
-        return ForeignDrafter(self.draft, translator, method, sampling_params(req), seed,
-                              lambda text: ver.model.tokenize(text, add_special=False,
-                                                              parse_special=False),
-                              ver.n_vocab, draft_temp=req.draft_temp)
+    def _make_drafter(self, req: Request, seed: int):
+        """The drafter ``req`` drafts with on this engine's models (factory.py)."""
+        return make_drafter(req, seed, verifier=self._live(), draft=self.draft, mtp=self.mtp,
+                            pair_vocab=self.pair_vocab, lock=self._cache_lock)
 
     def _scoped_gap(self, req: Request, acceptance: AcceptanceParams | None,
                     tokens: Sequence[int]) -> bool:
