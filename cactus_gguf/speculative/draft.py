@@ -234,37 +234,14 @@ class SamplingDrafter:
         try:
             for i in range(k):
                 if compact is not None:  # rows from the device's top-K (device.py)
-                    c_ids, c_p = compact[0][i], compact[1][i]
-                    got = (self._device_row(sampler, confidence, c_ids, c_p)
-                           if self.ctx.device_top_k else None)
-                    if got is None:  # a tie at the K-th logit: this row (and the rest) in full
-                        if self.ctx.device_top_k:
-                            row = self.ctx.decode_full_again()[-1]
-                        got = self._full_row(row, rows[i], sampler, confidence, c_ids, c_p)
-                    d, p_d, law = got
-                    if plan.too_unsure(law):
-                        break  # the draft is unsure: verify what we have
-                    tokens[i], p[i] = d, p_d
-                    n += 1
-                    if i == k - 1 or self._is_eog(d) or not plan.more(p[:n]):
-                        break
-                    row = self._advance(d, n)
-                    n_forwards += 1
-                    continue
-                allowed = self._allowed(grammar)
-                try:
-                    d = sampler.draft(row[:self.n_logits], rows[i], allowed=allowed)
-                except EmptyMaskError:  # the grammar allows only ids this model cannot say
-                    break
-                if confidence is not None:  # the row under the request's warps, not the draft's
-                    sampler.warp_into(row[:self.n_logits], confidence, allowed=allowed)
-                if plan.too_unsure(rows[i] if confidence is None else confidence):
-                    break  # the draft is unsure: verify what we have
-                taken = self._to_verifier(i, d)
-                if taken is None or (grammar is not None and not grammar.push(taken[0])):
-                    break  # (push never fails: d was sampled under the grammar's mask)
-                tokens[i] = taken[0]
-                p[i] = taken[1] if confidence is None else confidence[d]
+                    taken = self._compact_draft(row, rows[i], sampler, confidence,
+                                                compact[0][i], compact[1][i], plan)
+                else:
+                    taken = self._sampled_draft(i, row, rows[i], sampler, confidence, grammar,
+                                                plan)
+                if taken is None:
+                    break  # the draft is unsure, or cannot go on: verify what we have
+                d, tokens[i], p[i] = taken
                 n += 1
                 if i == k - 1 or self._is_eog(d) or not plan.more(p[:n]):
                     break  # nothing to propose after the last draft or an end-of-generation token
@@ -278,6 +255,44 @@ class SamplingDrafter:
             return Draft(tokens[:n], None, ("model",) * n, p[:n], n_forwards,
                          (compact[0][:n], compact[1][:n]))
         return Draft(tokens[:n], self._proposal(n), ("model",) * n, p[:n], n_forwards)
+
+    def _sampled_draft(self, i: int, row: np.ndarray, out: np.ndarray, sampler: NativeSampler,
+                       confidence: np.ndarray | None, grammar: Constraint | None,
+                       plan: DraftPlan) -> tuple[int, int, float] | None:
+        """Draft ``i`` sampled from the full logits ``row`` under the grammar's mask, its law
+        into ``out`` (row i of ``_rows_d``): (the draft's id d, the verifier's id, its p);
+        None ends the draft before it (the grammar allows only ids this model cannot say, the
+        plan finds the row too unsure, the id has no verifier id)."""
+        allowed = self._allowed(grammar)
+        try:
+            d = sampler.draft(row[:self.n_logits], out, allowed=allowed)
+        except EmptyMaskError:  # the grammar allows only ids this model cannot say
+            return None
+        if confidence is not None:  # the row under the request's warps, not the draft's
+            sampler.warp_into(row[:self.n_logits], confidence, allowed=allowed)
+        if plan.too_unsure(out if confidence is None else confidence):
+            return None  # the draft is unsure: verify what we have
+        taken = self._to_verifier(i, d)
+        if taken is None or (grammar is not None and not grammar.push(taken[0])):
+            return None  # (push never fails: d was sampled under the grammar's mask)
+        return d, taken[0], taken[1] if confidence is None else confidence[d]
+
+    def _compact_draft(self, row: np.ndarray, out: np.ndarray, sampler: NativeSampler,
+                       confidence: np.ndarray | None, c_ids: np.ndarray, c_p: np.ndarray,
+                       plan: DraftPlan) -> tuple[int, int, float] | None:
+        """A draft from the device's top-K row (``_device_row``; the verifier's ids), or, at a
+        tie at the K-th logit, from the full row decoded again (``_full_row``, this row and the
+        rest): (d, d, its p); None when the plan finds the row too unsure."""
+        got = (self._device_row(sampler, confidence, c_ids, c_p)
+               if self.ctx.device_top_k else None)
+        if got is None:  # a tie at the K-th logit: this row (and the rest) in full
+            if self.ctx.device_top_k:
+                row = self.ctx.decode_full_again()[-1]
+            got = self._full_row(row, out, sampler, confidence, c_ids, c_p)
+        d, p_d, law = got
+        if plan.too_unsure(law):
+            return None  # the draft is unsure: verify what we have
+        return d, d, p_d
 
     def _device_row(self, sampler: NativeSampler, confidence: np.ndarray | None,
                     c_ids: np.ndarray, c_p: np.ndarray):
