@@ -25,19 +25,14 @@ import uuid
 from typing import Any, Literal, Union
 
 from fastapi import APIRouter, Request as HttpRequest
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sse_starlette.sse import EventSourceResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import CactusError, InputError
-from .core import stream
-from .http_errors import invalid_body
+from .http_errors import answering_route
 from .native_api import stopping_word
-from .openai_api import count_tokens, start
-from .schemas import ChatCompletionRequest, chat_messages
-from .tools import ToolPlan
+from .openai_api import converted_stream, count_tokens, start_chat
+from .schemas import chat_request
 
 __all__ = ["router", "MessagesRequest"]
 
@@ -70,22 +65,9 @@ def _from_openai(response: Response) -> Response:
                                     if k.lower() == "retry-after"} or None)
 
 
-class AnthropicRoute(APIRoute):
-    """A route whose errors are Anthropic's JSON: an invalid body (naming the field), an input
-    or engine error, anything unexpected (500, one line)."""
-
-    def get_route_handler(self):
-        handler = super().get_route_handler()
-
-        async def route(request: HttpRequest) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as exc:
-                return anthropic_error(400, invalid_body(exc)[0])
-            except Exception as e:  # noqa: BLE001 - every failure answers in Anthropic's shape
-                return _error_of(e, request.app.state.redact)
-
-        return route
+# routes whose errors are Anthropic's JSON: an invalid body (naming the field), an input or
+# engine error, anything unexpected (500, one line)
+AnthropicRoute = answering_route(lambda message, field: anthropic_error(400, message), _error_of)
 
 
 router = APIRouter(route_class=AnthropicRoute)
@@ -229,15 +211,6 @@ def chat_body(body: MessagesRequest) -> dict:
     return out
 
 
-def _chat_request(body: MessagesRequest) -> ChatCompletionRequest:
-    try:
-        return ChatCompletionRequest.model_validate(chat_body(body))
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InputError(f"{where}: {first['msg']}", param=where) from None
-
-
 def _stop_reason(openai_finish: str, result) -> tuple[str, str | None]:
     """Anthropic's stop_reason and stop_sequence of a chat answer's finish_reason."""
     if openai_finish == "tool_calls":
@@ -342,29 +315,17 @@ class _Events:
 
 @router.post("/v1/messages")
 async def messages(body: MessagesRequest, request: HttpRequest):
-    chat = _chat_request(body)
-    state = request.app.state
-    tools = ToolPlan.of(chat)
-    started = await start(request, chat, chat_messages(chat) if tools is None else None, True,
-                          tools)
+    started = await start_chat(request, chat_request(chat_body(body)))
     if isinstance(started, Response):
         return _from_openai(started)
+    state = request.app.state
     job, shape = started.job, started.shape
     model = state.config.model_id
     if body.stream:
         events = _Events(model)
-
-        def done(result):
-            return events.end(shape.chunk(result=result, stopped_by=job.stopped_by), result)
-
-        return EventSourceResponse(
-            # the prompt's tokens (the prepared text, as the engine tokenizes it)
-            stream(job, request, state.metrics,
-                   head=[events.start(len(state.worker.engine.tokenize(job.prompt)))],
-                   chunk=lambda c: events.chunk(shape.chunk(text=c.text, segments=c.segments,
-                                                            logprobs=c.logprobs)),
-                   done=done, failed=lambda e: events.error(e, state.redact)),
-            ping=15, shutdown_grace_period=state.config.shutdown_grace + 5)
+        # the prompt's tokens: the prepared text, as the engine tokenizes it
+        head = [events.start(len(state.worker.engine.tokenize(job.prompt)))]
+        return converted_stream(started, request, head, events.chunk, events.end, events.error)
     return await started.watch.answer(
         lambda text, result: message_of(shape.response(text, result, job.stopped_by), result,
                                         model),
@@ -374,5 +335,5 @@ async def messages(body: MessagesRequest, request: HttpRequest):
 @router.post("/v1/messages/count_tokens")
 async def messages_count_tokens(body: MessagesRequest, request: HttpRequest):
     """The tokens of a Messages body's prompt (its template, system and tools)."""
-    return {"input_tokens": await count_tokens(request, _chat_request(body))}
+    return {"input_tokens": await count_tokens(request, chat_request(chat_body(body)))}
 

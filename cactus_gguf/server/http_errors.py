@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 from typing import Callable
 
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 
 from ..errors import CactusError, ContextLengthError
 from .schemas import openai_param
 
-__all__ = ["error", "error_of", "llama_error", "llama_error_of", "field_name", "invalid_body"]
+__all__ = ["error", "error_of", "llama_error", "llama_error_of", "field_name", "invalid_body",
+           "answering_route", "Refused"]
 
 
 def _same(text: str) -> str:
@@ -113,3 +116,39 @@ def invalid_body(exc: RequestValidationError) -> tuple[str, str | None]:
     if str(first.get("type", "")).endswith("_type") and "input" in first:  # strict types
         message += f", got {json.dumps(first['input'], default=str)[:60]}"
     return message, name
+
+
+class Refused(Exception):
+    """A route cannot serve its request (the engine is not ready): ``response`` is the answer
+    saying why, which an :func:`answering_route` sends as it is."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__("the request is refused")
+        self.response = response
+
+
+def answering_route(invalid: Callable[[str, str | None], Response],
+                    failed: Callable[[BaseException, Callable[[str], str]], Response]) -> type:
+    """An APIRoute class whose routes answer every failure in one API's error shape:
+    ``invalid(message, field)`` for a body that does not validate, ``failed(e, redact)`` for an
+    input or engine error or anything unexpected (one line, never a traceback); a Refused's own
+    answer."""
+
+    class Route(APIRoute):
+        def get_route_handler(self):
+            handler = super().get_route_handler()
+
+            async def route(request: Request) -> Response:
+                try:
+                    return await handler(request)
+                except RequestValidationError as exc:
+                    return invalid(*invalid_body(exc))
+                except Refused as e:
+                    return e.response
+                except Exception as e:  # noqa: BLE001 - every failure answers in the API's shape
+                    return failed(e, request.app.state.redact)
+
+            return route
+
+    return Route
+

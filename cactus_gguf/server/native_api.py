@@ -42,16 +42,14 @@ import time
 from typing import Any, Callable, ClassVar, Union
 
 from fastapi import APIRouter, Request as HttpRequest
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict
 from sse_starlette.sse import EventSourceResponse
 
 from ..errors import CactusError, InputError
 from ..options.rule import rule_of
 from .core import NotReadyError, not_ready, stream, submit
-from .http_errors import invalid_body, llama_error, llama_error_of
+from .http_errors import Refused, answering_route, llama_error, llama_error_of
 from .logprobs import llama_probs
 from .report import build_info, speculative_block, timings
 from .prompts import chat_prompt
@@ -68,34 +66,10 @@ def is_native(path: str) -> bool:
     """Whether ``path`` is one of llama-server's native routes (its errors, its key check)."""
     return path in NATIVE_PATHS or path.startswith("/slots/")
 
-class _Refused(Exception):
-    """The engine cannot take a request (:func:`_engine`): ``response`` is llama-server's answer
-    saying why, which LlamaRoute sends."""
-
-    def __init__(self, response: JSONResponse) -> None:
-        super().__init__("the engine cannot take a request")
-        self.response = response
-
-
-class LlamaRoute(APIRoute):
-    """A route whose errors are llama-server's JSON: an invalid body (naming the field), an input
-    or engine error, anything unexpected (500, one line); an engine not ready: _Refused's."""
-
-    def get_route_handler(self):
-        handler = super().get_route_handler()
-
-        async def route(request: HttpRequest) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as exc:
-                message, name = invalid_body(exc)
-                return llama_error(400, message, param=name)
-            except _Refused as e:
-                return e.response
-            except Exception as e:  # noqa: BLE001 - every failure answers as llama-server does
-                return llama_error_of(e, request.app.state.redact)
-
-        return route
+# routes whose errors are llama-server's JSON: an invalid body (naming the field), an input or
+# engine error, anything unexpected (500, one line); an engine not ready: its Refused answer
+LlamaRoute = answering_route(lambda message, field: llama_error(400, message, param=field),
+                             llama_error_of)
 
 
 router = APIRouter(route_class=LlamaRoute)
@@ -310,27 +284,33 @@ async def completion(body: LlamaCompletionRequest, request: HttpRequest):
     prompts = split_prompts(body.prompt)
     if len(prompts) > 1:
         return await _batch(request, body, req, prompts)
-
-    def prepare(engine):  # on the worker: the prompt's token ids
-        return prompt_ids(engine, body.prompt), req
-
-    def failed(e):
-        return llama_error_of(e, redact, body)
-
-    job = Job(prompt=None, request=req, chat=False, loop=asyncio.get_running_loop(),
-              deadline=time.perf_counter() + config.request_timeout, prepare=prepare)
-    watch = await submit(worker, job, request, failed)
-    if isinstance(watch, Response):
-        return watch
-    ids = job.prompt
-    shape = _Completion(body, req, config.model_id,
-                        worker.engine.verifier.model.detokenize(ids, special=True), len(ids),
-                        lambda result: speculative_block(req, result))
+    started = await _start(request, body, req, body.prompt)
+    if isinstance(started, Response):
+        return started
+    job, watch, shape = started
     if body.stream:
         return EventSourceResponse(_events(job, request, shape, metrics, redact), ping=15,
                                    shutdown_grace_period=config.shutdown_grace + 5)
     return await watch.answer(lambda text, result: shape.final(text, result, job.stopped_by),
-                              failed)
+                              lambda e: llama_error_of(e, redact, body))
+
+
+async def _start(request: HttpRequest, body: LlamaCompletionRequest, req, prompt):
+    """Starts the engine on one prompt: (job, watch, shape), or llama-server's answer refusing
+    it. The prompt's token ids are made on the worker."""
+    state = request.app.state
+    job = Job(prompt=None, request=req, chat=False, loop=asyncio.get_running_loop(),
+              deadline=time.perf_counter() + state.config.request_timeout,
+              prepare=lambda engine: (prompt_ids(engine, prompt), req))
+    watch = await submit(state.worker, job, request,
+                         lambda e: llama_error_of(e, state.redact, body))
+    if isinstance(watch, Response):
+        return watch
+    ids = job.prompt
+    shape = _Completion(body, req, state.config.model_id,
+                        state.worker.engine.verifier.model.detokenize(ids, special=True),
+                        len(ids), lambda result: speculative_block(req, result))
+    return job, watch, shape
 
 
 def split_prompts(prompt) -> list:
@@ -349,26 +329,16 @@ async def _batch(request: HttpRequest, body: LlamaCompletionRequest, req, prompt
     if body.stream:
         raise InputError("stream answers one prompt here: send one prompt per request (or leave "
                          "stream out)", param="prompt")
-    state = request.app.state
-    config, worker, redact = state.config, state.worker, state.redact
+    redact = request.app.state.redact
     out = []
     for index, prompt in enumerate(prompts):
-        def failed(e):
-            return llama_error_of(e, redact, body)
-
-        job = Job(prompt=None, request=req, chat=False, loop=asyncio.get_running_loop(),
-                  deadline=time.perf_counter() + config.request_timeout,
-                  prepare=lambda engine, p=prompt: (prompt_ids(engine, p), req))
-        watch = await submit(worker, job, request, failed)
-        if isinstance(watch, Response):
-            return watch
-        ids = job.prompt
-        shape = _Completion(body, req, config.model_id,
-                            worker.engine.verifier.model.detokenize(ids, special=True), len(ids),
-                            lambda result: speculative_block(req, result))
+        started = await _start(request, body, req, prompt)
+        if isinstance(started, Response):
+            return started
+        job, watch, shape = started
         answer = await watch.answer(
             lambda text, result, shape=shape, job=job: shape.final(text, result, job.stopped_by),
-            failed)
+            lambda e: llama_error_of(e, redact, body))
         if isinstance(answer, Response):
             return answer
         out.append({**answer, "index": index})
@@ -417,12 +387,12 @@ class DetokenizeRequest(BaseModel):
 
 
 def _engine(request: HttpRequest):
-    """The loaded engine. Raises _Refused with llama-server's answer saying why there is none
+    """The loaded engine. Raises Refused with llama-server's answer saying why there is none
     (:func:`_not_ready`)."""
     worker = request.app.state.worker
     refused = _not_ready(worker, request.app.state.redact)
     if refused is not None:
-        raise _Refused(refused)
+        raise Refused(refused)
     return worker.engine
 
 

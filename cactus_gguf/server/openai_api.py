@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import uuid
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from fastapi import APIRouter, Request as HttpRequest
 from fastapi.responses import Response
@@ -31,7 +31,8 @@ from .schemas import (ChatCompletionRequest, CompletionRequest, chat_format, cha
 from .tools import ToolPlan
 from .worker import Job
 
-__all__ = ["router", "start", "Started", "openai_events", "count_tokens", "FINISH"]
+__all__ = ["router", "start", "start_chat", "converted_stream", "Started", "openai_events",
+           "count_tokens", "FINISH"]
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length",
           "interrupted": "length", "cancelled": "length"}
@@ -134,6 +135,31 @@ def openai_events(started: Started, request: HttpRequest, include_usage: bool):
 
 
 DONE = {"data": "[DONE]"}
+
+
+async def start_chat(request: HttpRequest, chat: ChatCompletionRequest) -> Started | Response:
+    """:func:`start` on a chat body another API converted (responses.py, anthropic.py): its
+    tools and history planned as /v1/chat/completions plans them."""
+    tools = ToolPlan.of(chat)
+    return await start(request, chat, chat_messages(chat) if tools is None else None, True, tools)
+
+
+def converted_stream(started: Started, request: HttpRequest, head: list[dict],
+                     chunk: Callable[[dict], list[dict]],
+                     end: Callable[[dict, Any], list[dict]],
+                     failed: Callable[[BaseException, Callable[[str], str]], list[dict]]):
+    """Another API's stream over a started chat job: ``head``, then ``chunk(c)`` of each OpenAI
+    chunk, ``end(last_chunk, result)`` of the last one, ``failed(e, redact)`` in its place when
+    the engine fails or the shutdown cuts the reply (core.stream)."""
+    job, shape, state = started.job, started.shape, request.app.state
+    return EventSourceResponse(
+        stream(job, request, state.metrics, head=head,
+               chunk=lambda c: chunk(shape.chunk(text=c.text, segments=c.segments,
+                                                 logprobs=c.logprobs)),
+               done=lambda result: end(shape.chunk(result=result, stopped_by=job.stopped_by),
+                                       result),
+               failed=lambda e: failed(e, state.redact)),
+        ping=15, shutdown_grace_period=state.config.shutdown_grace + 5)
 
 
 async def count_tokens(request: HttpRequest, body: ChatCompletionRequest) -> int:

@@ -30,15 +30,12 @@ from typing import Any, Literal, Union
 
 from fastapi import APIRouter, Request as HttpRequest
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, ValidationError
-from sse_starlette.sse import EventSourceResponse
+from pydantic import BaseModel, ConfigDict
 
 from ..errors import InputError
-from .core import stream
 from .http_errors import error_of
-from .openai_api import count_tokens, start
-from .schemas import ChatCompletionRequest, chat_messages
-from .tools import ToolPlan
+from .openai_api import converted_stream, count_tokens, start_chat
+from .schemas import chat_request
 
 __all__ = ["router", "ResponsesRequest"]
 
@@ -165,15 +162,6 @@ def chat_body(body: ResponsesRequest) -> dict:
     elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
         out["response_format"] = {"type": "json_object"}
     return out
-
-
-def _chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
-    try:
-        return ChatCompletionRequest.model_validate(chat_body(body))
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InputError(f"{where}: {first['msg']}", param=where) from None
 
 
 def _usage(result) -> dict:
@@ -311,25 +299,15 @@ class _Reply:
 @router.post("/v1/responses")
 @router.post("/responses")
 async def responses(body: ResponsesRequest, request: HttpRequest):
-    chat = _chat_request(body)
-    state = request.app.state
-    tools = ToolPlan.of(chat)
-    started = await start(request, chat, chat_messages(chat) if tools is None else None, True,
-                          tools)
+    started = await start_chat(request, chat_request(chat_body(body)))
     if isinstance(started, Response):
         return started
+    state = request.app.state
     job, shape = started.job, started.shape
     reply = _Reply(body, state.config.model_id)
     if body.stream:
-        def done(result):
-            return reply.end(shape.chunk(result=result, stopped_by=job.stopped_by), result)
-
-        return EventSourceResponse(
-            stream(job, request, state.metrics, head=reply.start(),
-                   chunk=lambda c: reply.chunk(shape.chunk(text=c.text, segments=c.segments,
-                                                           logprobs=c.logprobs)),
-                   done=done, failed=lambda e: reply.error(e, state.redact)),
-            ping=15, shutdown_grace_period=state.config.shutdown_grace + 5)
+        return converted_stream(started, request, reply.start(), reply.chunk, reply.end,
+                                reply.error)
     return await started.watch.answer(
         lambda text, result: reply.whole(shape.response(text, result, job.stopped_by), result),
         lambda e: error_of(e, state.redact))
@@ -340,5 +318,5 @@ async def responses(body: ResponsesRequest, request: HttpRequest):
 async def responses_input_tokens(body: ResponsesRequest, request: HttpRequest):
     """The tokens of a Responses body's prompt (llama-server's answer shape)."""
     return {"object": "response.input_tokens",
-            "input_tokens": await count_tokens(request, _chat_request(body))}
+            "input_tokens": await count_tokens(request, chat_request(chat_body(body)))}
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import InputError
 from ..options.speculation import check_speculation
@@ -328,6 +328,17 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
         out.append({"role": "system" if m.role == "developer" else m.role,
                     "content": content or ""})
     return out
+
+
+def chat_request(body: dict) -> ChatCompletionRequest:
+    """A chat body another API converted (responses.py, anthropic.py), validated; InputError
+    naming the place at fault (``messages.1.content``)."""
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InputError(f"{where}: {first['msg']}", param=where) from None
 
 
 def chat_format(body: ChatCompletionRequest) -> dict[str, Any]:
