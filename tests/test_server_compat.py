@@ -387,3 +387,17 @@ def test_completion_answers_each_prompt_of_a_batch(server):
                                          {"prompt": prompt, **ask}).json()["content"]
     r = post(server, "/completion", {"prompt": ["a", "b"], "stream": True, **ask})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+def test_llama_servers_small_behaviours(server, files):
+    """From llama.cpp's own server tests: /metrics says when the process started, two assistant
+    messages at the end are a 400, --no-ui answers 404 at /."""
+    r = httpx.get(server.url + "/metrics")
+    assert int(r.headers["Process-Start-Time-Unix"]) > 1_700_000_000
+    two = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"},
+                        {"role": "assistant", "content": "b"}], "max_tokens": 2}
+    r = post(server, "/v1/chat/completions", two)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    assert "<!doctype html>" in httpx.get(server.url + "/").text
+    with LiveServer(files["ver"], "-t", "1", "--method", "none", "--no-ui") as s:
+        assert httpx.get(s.url + "/").status_code == 404

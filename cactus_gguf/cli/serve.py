@@ -106,7 +106,7 @@ def _http_server(plan: ServePlan, worker: Worker) -> uvicorn.Server:
                           api_key=p["api_key"], strict_model=p["strict_model"],
                           request_timeout=p["request_timeout"],
                           cors_origins=tuple(p["cors_origin"]),
-                          slots=p["slots"], slot_save_path=p["slot_save_path"])
+                          slots=p["slots"], slot_save_path=p["slot_save_path"], ui=p["ui"])
     app = create_app(worker, config)
 
     class Server(uvicorn.Server):

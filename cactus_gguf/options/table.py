@@ -447,6 +447,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("request_timeout", float, 600.0, "seconds a request may take (waiting included); then it "
            "ends with what it has (finish_reason length)", ("--timeout",), scope="serve",
            range=Range(lo=0.0, lo_open=True), metavar="S", commands=_SERVE),
+    Option("ui", bool, True, "serve the chat page at `/` (`--no-ui`: 404, as llama-server's)",
+           ("--ui", "--no-ui"), scope="serve", commands=_SERVE),
     Option("slots", bool, True, "serve `GET /slots`, the slot's state (`--no-slots`: 501, as "
            "llama-server's)", ("--slots", "--no-slots"), scope="serve", commands=_SERVE),
     Option("slot_save_path", str, None, "folder where `POST /slots/0?action=save` writes a slot's "

@@ -71,6 +71,7 @@ class ServerConfig:
     request_timeout: float = 600.0
     cors_origins: tuple[str, ...] = ()
     slots: bool = True  # GET /slots served (--no-slots: 501)
+    ui: bool = True  # the chat page at / (--no-ui: 404)
     slot_save_path: str | None = None  # the folder of /slots' save and restore (None: refused)
     max_body: int = MAX_BODY
     created: int = field(default_factory=lambda: int(time.time()))
@@ -147,6 +148,8 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
 
     @app.get("/", include_in_schema=False)
     async def page():
+        if not config.ui:
+            return error(404, "this server was started with --no-ui: no chat page")
         return FileResponse(str(static / "index.html"))
 
     @app.get("/health")
@@ -163,7 +166,9 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
     @app.get("/metrics")
     async def metrics_route():
         metrics.state(waiting=worker.waiting, processing=worker.processing)
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        # llama-server's header: when this process started (Unix seconds)
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST,
+                        headers={"Process-Start-Time-Unix": str(config.created)})
 
     @app.get("/v1/models")
     @app.get("/models")

@@ -285,6 +285,9 @@ class Engine:
         opening the assistant's turn."""
         m = self._live().model
         last_is_assistant = bool(messages) and messages[-1].get("role") == "assistant"
+        if last_is_assistant and len(messages) > 1 and messages[-2].get("role") == "assistant":
+            raise InputError("the last two messages are both the assistant's: merge them, or "
+                             "put the user's turn between them", param="messages")
         prefill = last_is_assistant and continue_final_message is not False
         if continue_final_message and not last_is_assistant:
             raise InputError("continue_final_message needs the last message to be the "
