@@ -11,6 +11,7 @@ import json
 import httpx
 import pytest
 
+from support.harness import run_cli
 from support.server import LiveServer, client, serving, sse_events
 from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama
 from support.tools import HERMES_TEMPLATE, SCHEMAS, TOOLS
@@ -401,3 +402,20 @@ def test_llama_servers_small_behaviours(server, files):
     assert "<!doctype html>" in httpx.get(server.url + "/").text
     with LiveServer(files["ver"], "-t", "1", "--method", "none", "--no-ui") as s:
         assert httpx.get(s.url + "/").status_code == 404
+
+
+def test_a_chat_template_file_replaces_the_ggufs(files, tmp_path):
+    """llama-server's --chat-template-file: chat prompts (and /apply-template) use it; a template
+    that does not compile is refused before any model loads."""
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                        "{% if add_generation_prompt %}<assistant>{% endif %}")
+    with LiveServer(files["ver"], "-t", "1", "--method", "none", "-n", "2",
+                    "--chat-template-file", template) as s:
+        r = post(s, "/apply-template", {"messages": [{"role": "user", "content": "hi"}]})
+        assert r.json() == {"prompt": "<user>hi<assistant>"}
+        assert httpx.get(s.url + "/props").json()["chat_template"] == template.read_text()
+        assert post(s, "/v1/chat/completions", HELLO).status_code == 200
+    template.write_text("{% for m in messages %}")
+    r = run_cli("serve", files["ver"], "--method", "none", "--chat-template-file", template)
+    assert r.returncode == 1 and "--chat-template-file is not a valid Jinja template" in r.stderr

@@ -143,7 +143,7 @@ def _looks_like_text(name: str, value: str) -> bool:
         return True  # (empty: refused as empty, not looked up as a file)
     if name == "json_schema":
         return v[:1] in ("{", "[", '"') or v in ("true", "false", "null")
-    return "::=" in v
+    return "::=" in v or "{%" in v or "{{" in v  # a grammar's rule, a Jinja template's tag
 
 
 def read_file_options(values: dict[str, Any]) -> dict[str, Any]:

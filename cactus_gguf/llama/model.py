@@ -107,6 +107,7 @@ class Model:
     def __init__(self, path: str | os.PathLike[str], options: ModelOptions = ModelOptions()) -> None:
         log.init_backend()
         self.path = check_gguf_path(path)
+        self.template_override: str | None = None  # a chat template used instead of the GGUF's
         self._model: _internals.LlamaModel | None = None
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 999
@@ -174,7 +175,10 @@ class Model:
         return buf.value.decode("utf-8", errors="replace")
 
     def chat_template(self) -> str | None:
-        """The GGUF's default Jinja chat template (``tokenizer.chat_template``), or None."""
+        """The Jinja chat template: ``template_override`` when set (``--chat-template-file``),
+        else the GGUF's default (``tokenizer.chat_template``), or None."""
+        if self.template_override is not None:
+            return self.template_override
         ptr = llama_cpp.llama_model_chat_template(self.ptr, None)
         return ptr.decode("utf-8") if ptr else None
 

@@ -201,6 +201,7 @@ class LoadOptions(_OptionRecord):
     device: str | None = opt("device")
     device_draft: str | None = opt("device_draft")
     tensor_split: str | None = opt("tensor_split")
+    chat_template_file: str | None = opt("chat_template_file")  # the template's text
 
     __doc__ += _fields_doc("load")
 

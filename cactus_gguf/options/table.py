@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import InputError
-from .values import (_endpoints, _nonempty, _tensor_split, normalize_json_schema,
+from .values import (_endpoints, _nonempty, _tensor_split, check_template, normalize_json_schema,
                      parse_endpoints, parse_tensor_split)
 
 __all__ = ["Range", "Option", "OPTIONS", "BY_NAME", "options_in", "default", "check_value",
@@ -412,6 +412,11 @@ OPTIONS: tuple[Option, ...] = (
            "in device order, e.g. `3,1` (llama.cpp's `--tensor-split`)", ("-ts", "--tensor-split"),
            scope="load", optional=True, metavar="N0,N1,...", shown_default="by free memory",
            normalize=lambda v: _tensor_split(v)),
+    Option("chat_template_file", str, None, "a Jinja chat template (its text or a file) used "
+           "instead of the GGUF's, for chat prompts and tool calls (llama-server's "
+           "`--chat-template-file`)", ("--chat-template-file",), scope="load", optional=True,
+           metavar="FILE", shown_default="the GGUF's", file_or_text=True,
+           normalize=check_template),
     # -- run: output -----------------------------------------------------------------------------
     Option("json", bool, False, "print one JSON object (text, settings, all statistics) instead of "
            "streaming", ("--json",), scope="run", commands=frozenset({"run", "models", "vocab"})),

@@ -12,6 +12,24 @@ from ..errors import InputError
 __all__ = ["normalize_json_schema", "parse_endpoints", "parse_tensor_split"]
 
 
+def check_template(value: Any) -> Any:
+    """A Jinja chat template's text, checked to compile (None stays None). Raises InputError
+    (param chat_template_file) for empty text or a syntax error, with its line."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InputError("{chat_template_file} is empty: give a Jinja chat template (its text or "
+                         "a file)", param="chat_template_file")
+    import jinja2  # (optional at import: only a given template needs it)
+
+    try:
+        jinja2.Environment().parse(value)
+    except jinja2.TemplateSyntaxError as e:
+        raise InputError(f"{{chat_template_file}} is not a valid Jinja template: {e.message} at "
+                         f"line {e.lineno}", param="chat_template_file") from None
+    return value
+
+
 def normalize_json_schema(value: Any) -> Any:
     """A JSON Schema as a dict / bool or as JSON text -> compact JSON text, properties in the
     order given (the output follows it; None stays None). ``true`` (any JSON) is ``{}``.

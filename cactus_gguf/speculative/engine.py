@@ -171,6 +171,8 @@ class Engine:
         self.verifier, self.draft, self.pair_vocab = load_pair(
             verifier, draft, self.load_options, draft_context=draft_context, repack=repack,
             load_mtp=mtp)
+        # --chat-template-file: every chat prompt and tool call is rendered with it
+        self.verifier.model.template_override = self.load_options.chat_template_file
         for role, c in (("verifier", self.verifier), ("draft", self.draft)):
             if c is not None:
                 log.debug("%s: %s", role, c.model.placement.summary())
