@@ -32,7 +32,7 @@ from ..errors import CactusError, InputError
 from .http_errors import answering_route
 from .native_api import stopping_word
 from .openai_api import converted_stream, count_tokens, start_chat
-from .schemas import chat_request
+from .schemas import chat_request, given
 
 __all__ = ["router", "MessagesRequest"]
 
@@ -184,13 +184,9 @@ def chat_body(body: MessagesRequest) -> dict:
             if calls:
                 message["tool_calls"] = calls
             messages.append(message)
-    out: dict[str, Any] = {"messages": messages, "stream": body.stream}
-    for name, value in (("model", body.model), ("max_tokens", body.max_tokens),
-                        ("temperature", body.temperature), ("top_p", body.top_p),
-                        ("top_k", body.top_k), ("seed", body.seed),
-                        ("speculative", body.speculative)):
-        if value is not None:
-            out[name] = value
+    out: dict[str, Any] = {"messages": messages, "stream": body.stream, **given(
+        model=body.model, max_tokens=body.max_tokens, temperature=body.temperature,
+        top_p=body.top_p, top_k=body.top_k, seed=body.seed, speculative=body.speculative)}
     if body.stop_sequences:
         out["stop"] = body.stop_sequences
     if body.tools is not None:

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from ..errors import InputError
 from .http_errors import error_of
 from .openai_api import converted_stream, count_tokens, start_chat
-from .schemas import chat_request
+from .schemas import chat_request, given
 
 __all__ = ["router", "ResponsesRequest"]
 
@@ -130,13 +130,10 @@ def chat_body(body: ResponsesRequest) -> dict:
         else:
             raise InputError(f"{field}: items of type {kind!r} are not supported (message, "
                              "function_call, function_call_output)", param=f"{field}.type")
-    out: dict[str, Any] = {"messages": messages, "stream": body.stream}
-    for name, value in (("model", body.model), ("max_tokens", body.max_output_tokens),
-                        ("temperature", body.temperature), ("top_p", body.top_p),
-                        ("seed", body.seed), ("speculative", body.speculative),
-                        ("parallel_tool_calls", body.parallel_tool_calls)):
-        if value is not None:
-            out[name] = value
+    out: dict[str, Any] = {"messages": messages, "stream": body.stream, **given(
+        model=body.model, max_tokens=body.max_output_tokens, temperature=body.temperature,
+        top_p=body.top_p, seed=body.seed, speculative=body.speculative,
+        parallel_tool_calls=body.parallel_tool_calls)}
     if body.tools:
         tools = []
         for i, tool in enumerate(body.tools):

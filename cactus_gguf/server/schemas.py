@@ -330,6 +330,12 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
     return out
 
 
+def given(**fields: Any) -> dict[str, Any]:
+    """The fields that are set (not None): what a converted body passes on (responses.py,
+    anthropic.py), leaving the rest to the chat body's defaults."""
+    return {name: value for name, value in fields.items() if value is not None}
+
+
 def chat_request(body: dict) -> ChatCompletionRequest:
     """A chat body another API converted (responses.py, anthropic.py), validated; InputError
     naming the place at fault (``messages.1.content``)."""
