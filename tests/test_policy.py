@@ -32,7 +32,8 @@ def lookup_draft(n: int) -> Draft:
 
 
 def observe(pol, draft: Draft | None = None, n_drafted: int = 0, n_accepted: int = 0,
-            draft_seconds: float | None = None, verify_seconds: float | None = None) -> None:
+            draft_seconds: float | None = None, verify_seconds: float | None = None,
+            catch_up_seconds: float = 0.0) -> None:
     """Tell ``pol`` a step's outcome; by default nothing verified, at exactly the estimated costs
     (so the costs and the acceptance estimates stay put and only the pause schedule moves)."""
     draft = draft if draft is not None else Draft.empty()
@@ -42,7 +43,7 @@ def observe(pol, draft: Draft | None = None, n_drafted: int = 0, n_accepted: int
         verify_seconds = pol.costs.verify(n_drafted + 1)
     pol.observe(draft, StepOutcome(draft.lookup, 0, n_drafted,
                                    StepResult(n_accepted, 0, 0, 0.0, 0.0), n_accepted,
-                                   draft_seconds, verify_seconds, 0.0))
+                                   draft_seconds, verify_seconds, 0.0, catch_up_seconds))
 
 
 def idle_steps(pol, n: int) -> list[int]:
@@ -120,19 +121,84 @@ def test_where_drafting_could_pay_a_pause_is_re_probed_less_and_less_often():
     # 222) ms = 44.5 tok/s, 1.47 x the verifier alone (30.3), but at the prior acceptance 0.5 no
     # length pays (best: 1.5 / 61 ms = 24.6): pause, probe after 4, 8, 16, ... verifier-only steps
     pol = CostAwareDraftLength(16, ForwardCosts(EPYC, 0.010))
+    pol.prompt_processed(10.0, 0)  # a long prompt: the exploration budget (below) is no limit
     got = []
     for _ in range(4 + 1 + 8 + 1 + 16 + 1 + 2):
         got.append(pol.draft_length(100))
         draft = Draft.empty()
         if got[-1]:  # a probe verifies its whole draft, whatever the estimates say
             p = np.full(got[-1], 0.6, np.float32)
-            assert all(pol.more(p[:n]) for n in range(1, got[-1] + 1))
+            # the probe drafts exactly its length
+            assert [pol.more(p[:n]) for n in range(1, got[-1] + 1)] == [True] * (got[-1] - 1) + [False]
             draft = model_draft(p)
             assert pol.keep(draft) == got[-1]
         observe(pol, draft)  # told nothing was verified: the acceptance stays at the prior
     drafts = [i for i, k in enumerate(got) if k]
     assert drafts == [4, 4 + 9, 4 + 9 + 17]
-    assert all(got[i] == 16 for i in drafts)
+    assert all(got[i] == 2 for i in drafts)  # the probe length (below), not the ceiling 16
+
+
+def test_a_probe_drafts_the_length_that_would_pay_not_the_ceiling():
+    # EPYC verifier, 10 ms draft: some length beats the verifier alone (30.3 tok/s) from an
+    # acceptance m0 = 0.8485 on (by brute force over m in steps of 1e-4); halfway to 1, m =
+    # 0.924, the rates of j = 0, 1, 2, 3 are 30.3, 31.5, 31.9, 30.1 tok/s: probes draft 2
+    pol = CostAwareDraftLength(16, ForwardCosts(EPYC, 0.010))
+    assert pol._pays(0.8486) and not pol._pays(0.8484)
+    assert pol.probe_length() == 2
+    # at worst (nothing accepted) it costs 2 drafts and verify(3) - verify(1) more than a
+    # verifier-only step, plus the draft's catch-up on what it has not decoded: per token, the
+    # draft's cost scaled as the verifier's 17-row batch is to 17 single decodes
+    assert pol.probe_cost() == pytest.approx(2 * 0.010 + 0.067 - 0.033)
+    pol.draft_behind = 300
+    assert pol.probe_cost() == pytest.approx(0.054 + 300 * 0.010 * 0.222 / (17 * 0.033))
+    # where even a 1-token draft pays only near m = 1 (an AMX Xeon: verifier 86 ms for 1 row,
+    # 360 ms for 17, draft 40 ms a token), a probe drafts 1
+    assert CostAwareDraftLength(16, ForwardCosts({1: 0.086, 17: 0.360}, 0.040)).probe_length() == 1
+
+
+def failing_answer(draft_seconds: float, steps: int) -> tuple[CostAwareDraftLength, list[int], float]:
+    """An answer of ``steps`` steps on the EPYC verifier with a draft of ``draft_seconds`` a token
+    after a 0.2 s prompt the draft deferred (100 tokens), whose drafts are never accepted: each
+    probe's catch-up (at the policy's estimate of it), drafts and extra rows are lost. The
+    policy, the steps that probed, and the answer's seconds; checks at every step that the net
+    exploration stays within 3% of the answer's seconds so far."""
+    costs = ForwardCosts(EPYC, draft_seconds)
+    pol = CostAwareDraftLength(16, costs)
+    pol.prompt_processed(0.2, 100)
+    per_token = draft_seconds * 0.222 / (17 * 0.033)
+    probes, seconds = [], 0.2
+    for step in range(steps):
+        k = pol.draft_length(100)
+        if k:
+            probes.append(step)
+            catch_up = pol.draft_behind * per_token
+            observe(pol, model_draft([0.9] * k), k, 0, catch_up_seconds=catch_up)
+            seconds += catch_up + k * draft_seconds + costs.verify(k + 1)
+        else:
+            observe(pol)
+            seconds += 0.033
+        assert pol.explored <= 0.03 * pol.elapsed + 1e-12
+    assert pol.elapsed == pytest.approx(seconds)
+    return pol, probes, seconds
+
+
+def test_probes_never_cost_more_than_three_percent_of_the_answer():
+    # a 2 ms draft: its catch-up costs 0.79 ms a token, under 3% of a verifier step (0.99 ms),
+    # so the budget affords probes, about every 160 steps; the first when 3% of the answer covers
+    # its worst case: the catch-up on the prompt and the steps since, 2 drafts and 2 more rows
+    pol, probes, seconds = failing_answer(0.002, 3000)
+    per_token = 0.002 * 0.222 / (17 * 0.033)
+    first = probes[0]
+    worst = lambda n: (100 + n) * per_token + 2 * 0.002 + 0.067 - 0.033  # noqa: E731
+    assert 0.03 * (0.2 + first * 0.033 + worst(first)) >= worst(first)
+    assert 0.03 * (0.2 + (first - 1) * 0.033 + worst(first - 1)) < worst(first - 1)
+    # net exploration <= 3% of the answer's seconds: at most 1 / 0.97 x the verifier alone's
+    assert len(probes) >= 3 and seconds <= (0.2 + 3000 * 0.033) / 0.97
+    # a 10 ms draft: catching up costs 3.96 ms a token, more than 3% of the step it waits
+    # through, so a probe never becomes affordable: the answer is the verifier alone's
+    pol, probes, seconds = failing_answer(0.010, 3000)
+    assert probes == [] and seconds == pytest.approx(0.2 + 3000 * 0.033)
+    assert pol.draft_behind == 100 + 3000 and pol.n_paused == 3000
 
 
 def test_cheap_drafts_are_drafted_and_the_best_prefix_is_verified():
@@ -181,20 +247,21 @@ def test_prompt_lookup_is_a_channel_of_its_own_with_free_proposals():
     # the EPYC costs: the draft model never pays (above), but a free lookup always accepted would
     # give 17 tokens per 222 ms = 76.6 tok/s, 2.5 x the verifier alone (30.3)
     pol = CostAwareDraftLength(16, ForwardCosts(EPYC, 0.019), channels=("model", "ngram"))
+    pol.prompt_processed(10.0, 0)  # a long prompt: the exploration budget is no limit here
     assert pol._pays(1.0, CostAwareDraftLength.PROBE_MARGIN, kind="ngram")
     # at the prior 0.5 no length pays (best j = 1: 1.5 / 51 ms = 29.4 tok/s < 30.3): paused,
-    # re-probed after 4 verifier-only steps
+    # re-probed after 4 verifier-only steps, at the lookup's probe length 2
     assert idle_steps(pol, 4) == [0] * 4 and pol.n_paused == 4
-    assert pol.draft_length(100) == 16
+    assert pol.draft_length(100) == pol.probe_length("ngram") == 2
     assert pol.uses("ngram") and not pol.uses("model")
-    assert pol.keep(lookup_draft(16)) == 16  # a probe verifies its whole draft
-    observe(pol, lookup_draft(16), 16, 16, 0.0, 0.222)
-    assert pol.lookup_acceptance.mean == pytest.approx((16 + 1.0) / 18)
+    assert pol.keep(lookup_draft(2)) == 2  # a probe verifies its whole draft
+    observe(pol, lookup_draft(2), 2, 2, 0.0, 0.067)
+    assert pol.lookup_acceptance.mean == pytest.approx((2 + 1.0) / 4)
     assert pol.acceptance.n == [0] * 10  # the model's acceptance is not the lookup's
-    # now on: the best prefix of 5 proposals at a = 17/18, E_j / verify(j + 1), nothing sunk:
-    # j = 2, 2.89 tokens / 67 ms = 42.3 tok/s (j = 5: 5.25 / 129 ms = 40.6)
+    # now on: the best prefix of 5 proposals at a = 0.75, E_j / verify(j + 1), nothing sunk:
+    # j = 2, 2.31 tokens / 67 ms = 34.5 tok/s (j = 1: 1.75 / 51 ms = 34.3)
     assert pol.draft_length(100) == 16 and pol.uses("ngram") and not pol.uses("model")
-    a = 17 / 18
+    a = 0.75
     rates = [sum(a ** i for i in range(j + 1)) / pol.costs.verify(j + 1) for j in range(6)]
     assert pol.keep(lookup_draft(5)) == int(np.argmax(rates)) == 2
     # a lookup that keeps failing switches itself off again
@@ -214,6 +281,7 @@ def test_a_probe_the_other_channel_used_up_is_made_next_step():
     lookup.update([1.0] * 16, 16)
     pol = CostAwareDraftLength(16, ForwardCosts(EPYC, 0.010), channels=("model", "ngram"),
                                lookup_acceptance=lookup)
+    pol.prompt_processed(10.0, 0)  # a long prompt: the exploration budget is no limit here
     probes = []
     for step in range(7):
         assert pol.draft_length(100) == 16 and pol.uses("ngram")
@@ -221,15 +289,15 @@ def test_a_probe_the_other_channel_used_up_is_made_next_step():
         if step < 6:  # the history matches: lookup proposes, the model never runs
             pol.keep(lookup_draft(3))
             observe(pol, lookup_draft(3), 3, 3, 0.0, 0.067)
-        else:  # no match: the model drafts (and, probing, all 16 are verified)
+        else:  # no match: the model drafts its probe length 2 of the plan's 16, all verified
             p = np.full(16, 0.9, np.float32)
-            assert all(pol.more(p[:n]) for n in range(1, 17))
-            assert pol.keep(model_draft(p)) == 16
-            observe(pol, model_draft(p), 16, 16, 0.16, 0.222)
+            assert [pol.more(p[:n]) for n in (1, 2)] == [True, False]
+            assert pol.keep(model_draft(p[:2])) == 2
+            observe(pol, model_draft(p[:2]), 2, 2, 0.02, 0.067)
     # the model's probe verdict comes at step 5 and is taken back while lookup proposes, so it
     # stands until the model really drafts (step 6); then its backoff doubles as usual
     assert probes == [False] * 4 + [True, True, True]
-    assert pol._channels["model"].backoff == 8 and sum(pol.acceptance.n) == 16
+    assert pol._channels["model"].backoff == 8 and sum(pol.acceptance.n) == 2
 
 
 def test_a_fixed_length_allows_every_kind_of_proposal():

@@ -552,6 +552,8 @@ class Engine:
                 raise
             cancelled = True  # stopped inside a chunk: that decode call was rolled back
         session.stats.prefill_seconds = time.perf_counter() - t0
+        session.policy.prompt_processed(session.stats.prefill_seconds,
+                                        _draft_behind(session.drafter))
         log.debug("prompt of %d tokens: %d reused from the verifier's cache, %d from the draft's",
                   len(prompt), session.stats.n_prompt_tokens_reused,
                   session.stats.n_draft_prompt_tokens_reused)
@@ -569,3 +571,11 @@ class Engine:
         if session.drafter is not None and not session.drafter.resync(session.committed):
             session.stop_drafting("a token the draft's vocabulary lacks")
         self._owner = session
+
+
+def _draft_behind(drafter) -> int:
+    """The prompt tokens a drafter's model deferred and has yet to decode (a lazy ``reset``,
+    draft.py; a hybrid drafter's model), 0 for one that defers none."""
+    model = getattr(drafter, "model", drafter)
+    ctx, deferred = getattr(model, "ctx", None), getattr(model, "deferred_prompt", 0)
+    return max(0, deferred - ctx.n_past) if deferred and ctx is not None else 0

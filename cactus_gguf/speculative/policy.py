@@ -9,9 +9,12 @@ nothing, so the order and number of the calls do not matter):
   drafted token still pays given the drafted ones' own probabilities;
 - ``keep(draft)``: how many tokens of the Draft to verify, a prefix (0 drops a draft shorter
   than llama.cpp's ``--draft-min``: that step is verifier-only).
-Its state changes in one place: ``observe(draft, outcome)``, once per step, with the draft the
-drafter proposed (grammar-checked, before ``keep``) and the step's StepOutcome (stats/generation.py);
-adaptive policies learn from it and decide what the next step may do.
+Its state changes in two places: ``prompt_processed(seconds, draft_behind)``, once, after the
+prompt (how long it took, and how many tokens the draft model has yet to decode before it can
+draft: a cost-aware policy defers the draft's prompt until drafting is worth it), and
+``observe(draft, outcome)``, once per step, with the draft the drafter proposed (grammar-checked,
+before ``keep``) and the step's StepOutcome (stats/generation.py); adaptive policies learn from
+them and decide what the next step may do.
 """
 from __future__ import annotations
 
@@ -40,6 +43,8 @@ class DraftPolicy(Protocol):
 
     def observe(self, draft: Draft, outcome: StepOutcome) -> None: ...
 
+    def prompt_processed(self, seconds: float, draft_behind: int) -> None: ...
+
 
 class FixedDraftLength:
     """Draft ``k`` tokens every step (fewer only when ``limit`` says so), as llama.cpp's
@@ -55,6 +60,9 @@ class FixedDraftLength:
         return len(draft) if len(draft) >= self.draft_min else 0
 
     def observe(self, draft: Draft, outcome: StepOutcome) -> None:
+        pass
+
+    def prompt_processed(self, seconds: float, draft_behind: int) -> None:
         pass
 
     @classmethod
@@ -236,6 +244,16 @@ class _WorthMore:
         return cost <= 0 or gain / cost >= rate
 
 
+@dataclass(frozen=True)
+class _UpTo:
+    """A DraftPlan's ``worth_more`` that drafts exactly ``n`` tokens (a probe's length)."""
+
+    n: int
+
+    def __call__(self, p: np.ndarray) -> bool:
+        return len(p) < self.n
+
+
 class CostAwareDraftLength:
     """Draft as many tokens as pay for themselves, 0 when none do (``-k auto``).
 
@@ -253,10 +271,24 @@ class CostAwareDraftLength:
         verified (the j drafts are paid for whichever prefix is; j* = 0 is a verifier-only step);
       - before drafting, the step is verifier-only when even the best length with every a_i = m,
         max_j E_j / T_j, is below 1 / c_v(1). Such a pause is re-probed after 4, 8, ... 64
-        verifier-only steps (one step that drafts and verifies the ceiling, to measure m again),
-        unless even every draft accepted (m = 1) would beat the verifier alone by less than 10%
-        (PROBE_MARGIN): then the draft model is never used, not even to catch up on the prompt,
-        which a re-probe must decode first (the draft prefills lazily under this policy).
+        verifier-only steps, unless even every draft accepted (m = 1) would beat the verifier
+        alone by less than 10% (PROBE_MARGIN): then the draft model is never used, not even to
+        catch up on the prompt, which a re-probe must decode first (the draft prefills lazily
+        under this policy).
+      - a probe drafts and verifies the length that is best at the acceptance halfway between
+        the break-even m0 (the lowest m at which some length beats the verifier alone) and 1:
+        the length drafting would use if the probe showed it pays, usually far below the
+        ceiling (a probe at the ceiling costs ``k`` draft tokens and a k+1-row verification
+        for the same verdict);
+      - exploring never takes more than EXPLORE_SHARE (3%) of the answer's time: a probe is
+        made only when the net seconds probes have cost so far (each probe's catch-up of the
+        draft on the tokens it has not seen, its drafting and its verification, less the
+        verifier-alone time of the tokens it yielded) plus the next probe's worst case (nothing
+        accepted, the catch-up estimated at the draft's per-token cost in the verifier's
+        largest probed batch, ``c_d · c_v(k+1) / ((k+1) c_v(1))``) stay within that share of
+        the seconds spent so far (the prompt's processing and every step). So where drafting
+        does not pay, the answer takes at most about 3% longer than the verifier alone's, and a
+        short answer after a long prompt never pays for the draft's prefill of that prompt.
     Prompt lookup (the ``ngram`` channel: the n-gram drafter, and the hybrid drafter's lookup
     steps) follows the same rule with c_d = 0 and its own acceptance model and pause schedule
     (its proposals are one-hot, so every a_i is its overall rate): on a machine where a batch of
@@ -277,6 +309,7 @@ class CostAwareDraftLength:
 
     EXPLORE_MIN, EXPLORE_MAX = 4, 64
     PROBE_MARGIN = 1.1  # a re-probe needs perfect acceptance to beat the verifier alone by 10%
+    EXPLORE_SHARE = 0.03  # the most of the answer's seconds that probes may cost, net
 
     def __init__(self, k: int, costs: ForwardCosts, draft_min: int = 0,
                  draft_p_min: float = 0.0, acceptance: AcceptanceModel | None = None,
@@ -291,6 +324,9 @@ class CostAwareDraftLength:
         self._channels = {name: self._channels[name] for name in channels}
         self._drafted_last = False  # the draft model drafted in the previous step
         self.n_paused = 0  # verifier-only steps the policy chose (for the stats)
+        self.elapsed = 0.0  # seconds of the answer so far: the prompt and every step
+        self.explored = 0.0  # net seconds the probes cost (never below 0)
+        self.draft_behind = 0  # tokens the draft model has yet to decode before it drafts
         self._verdicts = self._plan()  # {channel: verdict} of the coming step
         self._explain({})
 
@@ -316,14 +352,46 @@ class CostAwareDraftLength:
         rates = self._rate([m] * self.k, kind=kind)
         return max(rates[1:], default=0.0) > margin * rates[0]
 
+    def probe_length(self, kind: str = "model") -> int:
+        """The draft length a probe of channel ``kind`` drafts and verifies: the best length
+        (argmax_j E_j / T_j) at the acceptance halfway between the break-even m0 and 1, m0 the
+        lowest acceptance at which some length beats the verifier alone (bisection, 1e-3)."""
+        lo, hi = 0.0, 1.0
+        if not self._pays(hi, kind=kind):
+            return self.k
+        while hi - lo > 1e-3:
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if self._pays(mid, kind=kind) else (mid, hi)
+        rates = self._rate([(hi + 1.0) / 2] * self.k, kind=kind)
+        return max(1, int(np.argmax(rates[1:])) + 1)
+
+    def probe_cost(self, kind: str = "model") -> float:
+        """Seconds a probe of channel ``kind`` can cost beyond the verifier alone at worst (no
+        draft accepted): the draft's catch-up on the ``draft_behind`` tokens it has not seen (the
+        model channel's), its drafts and the verification's extra rows."""
+        c, j = self.costs, self.probe_length(kind)
+        catch_up = 0.0
+        if kind == "model" and self.draft_behind:
+            b = self.k + 1  # per token in the verifier's largest probed batch, scaled to the draft
+            catch_up = self.draft_behind * c.draft * c.verify(b) / (b * c.verify(1))
+        return catch_up + j * self._draft_cost(kind) + c.verify(j + 1) - c.verify(1)
+
+    def _affordable(self, kind: str) -> bool:
+        """Whether a probe of ``kind`` now keeps the net exploration within EXPLORE_SHARE of the
+        answer's seconds, even if it is wasted."""
+        worst = self.probe_cost(kind)
+        return self.explored + worst <= self.EXPLORE_SHARE * (self.elapsed + worst)
+
     def _verdict(self, kind: str) -> str:
-        """The coming step's verdict for one channel (see _Channel), from its schedule."""
+        """The coming step's verdict for one channel (see _Channel), from its schedule and the
+        exploration budget."""
         ch = self._channels[kind]
         if self._pays(ch.acceptance.mean, kind=kind):
             return "on"
         if not self._pays(1.0, self.PROBE_MARGIN, kind=kind):
             return "off"  # drafting cannot win here (by the margin): never pay for the draft
-        return "probe" if ch.paused_steps + 1 > ch.backoff else "paused"
+        due = ch.paused_steps + 1 > ch.backoff
+        return "probe" if due and self._affordable(kind) else "paused"
 
     def _plan(self) -> dict[str, str]:
         return {kind: self._verdict(kind) for kind in self._channels} if self.k >= 1 else {}
@@ -333,6 +401,9 @@ class CostAwareDraftLength:
     def draft_length(self, limit: int) -> int:
         if limit < 1 or not any(self.uses(kind) for kind in self._verdicts):
             return 0
+        if all(self._verdicts[kind] == "probe" for kind in self._verdicts if self.uses(kind)):
+            return min(max(self.probe_length(kind) for kind in self._verdicts
+                           if self.uses(kind)), limit)
         return min(self.k, limit)
 
     def uses(self, source: str) -> bool:
@@ -349,11 +420,11 @@ class CostAwareDraftLength:
         worth = self._worth_more()
         return worth is None or worth(p)
 
-    def _worth_more(self) -> "_WorthMore | None":
-        """The coming step's rule for drafting another token, frozen (None: a probe drafts to
-        the ceiling)."""
+    def _worth_more(self) -> "_WorthMore | _UpTo":
+        """The coming step's rule for drafting another token, frozen (a probe of the draft
+        model: up to its probe length, whatever the plan's k allows prompt lookup)."""
         if self._verdicts.get("model") == "probe":
-            return None
+            return _UpTo(self.probe_length("model"))
         a, c = self.acceptance, self.costs
         return _WorthMore(tuple((a.acc[b] + 2.0 * a.mean) / (a.n[b] + 2.0)
                                 for b in range(a.N_BUCKETS)),
@@ -375,11 +446,29 @@ class CostAwareDraftLength:
 
     # -- the DraftPolicy protocol: the step's outcome ----------------------------------------------
 
+    def prompt_processed(self, seconds: float, draft_behind: int) -> None:
+        """The prompt took ``seconds``; the draft model has ``draft_behind`` of its tokens yet to
+        decode (deferred: the first step that drafts decodes them). Both count in whether a
+        probe is affordable."""
+        self.elapsed += max(0.0, seconds)
+        self.draft_behind = max(0, int(draft_behind))
+        before, self._verdicts = self._verdicts, self._plan()
+        self._explain(before)
+
     def observe(self, draft: Draft, outcome: StepOutcome) -> None:
-        """Advance each channel's schedule by the step's verdict, correct the costs from its
-        times, update the proposing channel's acceptance model, then decide the next step's
-        verdicts. ``draft``: what the drafter proposed (grammar-checked, before ``keep``)."""
+        """Advance each channel's schedule by the step's verdict, count its seconds (and a
+        probe's net cost), correct the costs from its times, update the proposing channel's
+        acceptance model, then decide the next step's verdicts. ``draft``: what the drafter
+        proposed (grammar-checked, before ``keep``)."""
         source = ("ngram" if draft.lookup else "model") if len(draft) else None
+        seconds = (outcome.catch_up_seconds + outcome.draft_seconds + outcome.verify_seconds
+                   + outcome.accept_seconds)
+        self.elapsed += seconds
+        yielded = outcome.n_drafts_used + 1
+        if source is not None and self._verdicts.get(source) == "probe":
+            # what the probe cost beyond the verifier alone's time for the tokens it yielded
+            self.explored = max(0.0, self.explored + seconds - yielded * self.costs.verify(1))
+        self.draft_behind = 0 if source == "model" else self.draft_behind + yielded
         for kind, verdict in self._verdicts.items():
             self._channels[kind].advance(verdict, measured=kind == source)
         if self._verdicts and not any(self.uses(kind) for kind in self._verdicts):

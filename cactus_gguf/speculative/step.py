@@ -92,7 +92,7 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
     used = len(committed) - n_before + (1 if session.stop_reason == "eos" else 0)
     outcome = StepOutcome(proposal.lookup, proposal.n_forwards, len(draft), verdict,
                           min(n_acc, used), t_verify - t_draft - late, t_accept - t_verify,
-                          t_end - t_accept)
+                          t_end - t_accept, late)
     policy.observe(legal, outcome)
     session.stats.add_step(outcome)
 

@@ -40,7 +40,9 @@ class StepOutcome:
     request that does not speculate, AL 0 and the sampled token, no positions); n_drafts_used:
     the accepted drafts the generation used (<= AL: an ending end-of-generation token counts,
     drafts after a completed stop string or past ``n_predict`` do not). Seconds: drafting (with
-    the policy's ``keep``), the verifier's decode, acceptance and the grammar's commit.
+    the policy's ``keep``), the verifier's decode, acceptance and the grammar's commit, and the
+    draft model's catch-up on the prompt it deferred (``catch_up_seconds``: counted as prompt
+    processing in the statistics, not in ``draft_seconds``).
     """
 
     lookup: bool
@@ -51,6 +53,7 @@ class StepOutcome:
     draft_seconds: float
     verify_seconds: float
     accept_seconds: float
+    catch_up_seconds: float = 0.0
 
 
 @dataclass
