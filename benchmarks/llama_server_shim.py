@@ -11,12 +11,23 @@ Each llama-server flag is one of these kinds:
 - mapped: serve has the same setting under its own name (``--ctx-size`` -> ``-c``, ``--alias``
   -> ``-a``, ``--spec-draft-n-max`` -> ``-k``, ...);
 - dropped: it changes nothing a test can see on this server (``--jinja``, ``--offline``,
-  ``--metrics``: /metrics is always on; ``--parallel``: requests queue for the one engine, so
-  the tests that need slots running at once are among the excluded ones), or it tunes only
-  speed (``--ubatch-size``, ``--cont-batching``);
+  ``--parallel``: requests queue for the one engine, so the tests that need slots running at once
+  are among the excluded ones), or it tunes only speed (``--ubatch-size``, ``--cont-batching``);
 - missing: serve has no counterpart. The shim then prints
   ``llama-server-shim: needs <flag>: <why>`` and exits with status 3 before anything loads,
   so the test fails at its server's start and the runner files it under "needs flag".
+
+Defaults that differ: llama-server allows browser pages from any origin unless
+``--cors-origins`` says otherwise, where serve sends no CORS headers unless ``--cors-origin`` is
+given (a safer default, kept on purpose: docs/server.md). The shim translates what llama-server
+would do, so a command line without ``--cors-origins`` becomes ``--cors-origin '*'``. That is the
+same policy, not the same headers: for ``*`` llama-server also sends
+``Access-Control-Allow-Credentials: true`` and echoes the page's origin, which serve does not (a
+credentialed any-origin policy is one the operator should ask for by name), so the tests that
+read those headers still fail for that reason, not for a missing translation.
+
+Google Vertex AI's environment (``AIP_MODE=PREDICTION``, ``AIP_HTTP_PORT``, ...) reaches serve
+as it is: serve reads it as llama-server does.
 
 Models: Hugging Face is out of reach, so each ``--hf-repo`` / ``--hf-file`` / ``--model-url``
 is replaced by a local stand-in named in the JSON file ``$CACTUS_SHIM_MODELS`` (written by the
@@ -73,7 +84,6 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--ubatch-size": ("drop", "a speed setting: serve sizes its own micro-batches"),
     "-ub": ("drop", "a speed setting"),
     "--cont-batching": ("drop", "one engine serves requests in turn"),
-    "--metrics": ("drop", "/metrics is always served"),
     "--slots": ("drop", "serve has no switch for it"),
     "--no-slots": ("drop", "serve has no switch for it"),
     "--kv-unified": ("drop", "one sequence per engine: one KV cache already"),
@@ -98,7 +108,6 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--models-dir": ("missing", "the model router"),
     "--models-max": ("missing", "the model router"),
     "--models-preset": ("missing", "the model router"),
-    "--tags": ("missing", "model tags on /models"),
     "--tools": ("missing", "server-side tools (tools_builtin): not served"),
     "--tools-runtime": ("missing", "server-side tools: not served"),
     "--mcp-servers-config": ("missing", "server-side MCP tools: not served"),
@@ -120,8 +129,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--reasoning-budget": ("missing", "reasoning budget"),
     "--chat-template": ("missing", "a chat template other than the GGUF's"),
     "--chat-template-file": ("missing", "a chat template other than the GGUF's"),
-    "--sleep-idle-seconds": ("missing", "unloading the model when idle"),
-    "--cache-ram": ("missing", "the host-memory prompt cache's size"),
+    "--cache-ram": ("missing", "a host-memory prompt cache shared by slots (serve has one slot, "
+                    "its prefix reuse in the KV cache, and nothing cached off it)"),
     "--cors-origins": ("map", "--cors-origin"),
     "--model": ("model", "-m"),
     "-m": ("model", "-m"),
@@ -220,10 +229,8 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
             draft = value
         else:  # hf-repo, hf-file, url
             remote.append(value)
-    if env.get("AIP_MODE") == "PREDICTION":
-        needs("AIP_MODE=PREDICTION", "Google Vertex AI's prediction routes (GCP compat)")
-    if "," in (_value(out, "--host") or ""):
-        needs("--host A,B", "listening on several addresses at once")
+    if "--cors-origin" not in out:  # llama-server's default: any origin (the text above)
+        out += ["--cors-origin", "*"]
     if model is None and not remote:
         needs("(no model)", "the model router: llama-server started without a model")
     if model is not None and Path(model).is_file():
@@ -233,13 +240,6 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
     if draft is not None:
         draft = draft if Path(draft).is_file() else stand_in(models, [draft])[1]
     return ["-m", verifier, "-md", draft or own_draft, *out]
-
-
-def _value(args: list[str], flag: str) -> str | None:
-    for a, b in zip(args, args[1:]):
-        if a == flag:
-            return b
-    return None
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(files):
     with serving(files["ver"], files["dft"], "-t", "1", "-c", "2048", "-k", "4", "-n", "32",
-                 "--temp", "0.8") as s:
+                 "--temp", "0.8", "--metrics") as s:
         yield s
 
 
@@ -450,7 +450,7 @@ def test_a_foreign_draft_is_reported_and_errors_name_no_server_file(files, tmp_p
     (tmp_path / "secret-dir").mkdir()
     foreign = write_llama(tmp_path / "secret-dir" / "foreign-draft.gguf", seed=5,
                           words=FOREIGN_WORDS, chat_template=CHAT_TEMPLATE)
-    with LiveServer(files["ver"], foreign, "-t", "1", "-k", "3", "-n", "8") as s:
+    with LiveServer(files["ver"], foreign, "-t", "1", "-k", "3", "-n", "8", "--metrics") as s:
         c = client(s)
         spec = chat(c, max_tokens=8, seed=1).model_extra["speculative"]
         assert spec["draft_vocab"] == "intersect" and 0.0 < spec["vocab_coverage"] <= 1.0

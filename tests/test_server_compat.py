@@ -29,7 +29,7 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(files):
     with serving(files["ver"], files["ver"], "-t", "1", "-c", "256", "-k", "4", "-n", "8",
-                 "--temp", "0") as s:
+                 "--temp", "0", "--metrics") as s:
         yield s
 
 
@@ -419,3 +419,104 @@ def test_a_chat_template_file_replaces_the_ggufs(files, tmp_path):
     template.write_text("{% for m in messages %}")
     r = run_cli("serve", files["ver"], "--method", "none", "--chat-template-file", template)
     assert r.returncode == 1 and "--chat-template-file is not a valid Jinja template" in r.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _mapped(pid: int, path) -> bool:
+    """Whether process ``pid`` has the file ``path`` mapped (llama.cpp maps a loaded GGUF)."""
+    import os
+
+    with open(f"/proc/{pid}/maps") as f:
+        return os.path.realpath(path) in f.read()
+
+
+def test_sleep_frees_the_models_and_the_next_request_loads_them(files):
+    """llama-server's --sleep-idle-seconds: idle for 1 s, the models are freed (their file no
+    longer mapped, /props is_sleeping); /health, /props, /v1/models and /metrics answer without
+    waking them, and scrapes after the first read the same text; the next generation loads them again and
+    answers the same tokens as before; /tokenize wakes them too."""
+    import time
+
+    def asleep(s, timeout=15.0) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if httpx.get(s.url + "/props").json()["is_sleeping"]:
+                return True
+            time.sleep(0.1)
+        return False
+
+    body = {"prompt": "hello", "n_predict": 6, "return_tokens": True}
+    with serving(files["ver"], "-t", "1", "--method", "none", "--temp", "0",
+                 "--sleep-idle-seconds", "1", "--metrics") as s:
+        before = post(s, "/completion", body).json()["tokens"]
+        assert len(before) == 6 and _mapped(s.pid, files["ver"])
+        assert asleep(s) and not _mapped(s.pid, files["ver"])
+        props = httpx.get(s.url + "/props").json()
+        assert props["default_generation_settings"]["n_ctx"] > 0 and props["eos_token"] == "</s>"
+        assert httpx.get(s.url + "/health").json() == {"status": "ok"}
+        assert httpx.get(s.url + "/v1/models").status_code == 200
+        # the first read ends the throughput window of the generation; then nothing changes
+        scrapes = [httpx.get(s.url + "/metrics").text for _ in range(3)]
+        assert "llamacpp:predicted_tokens_seconds 0.0" not in scrapes[0]
+        assert scrapes[1] == scrapes[2] and "llamacpp:tokens_predicted_total 6.0" in scrapes[1]
+        assert httpx.get(s.url + "/props").json()["is_sleeping"] is True
+        assert post(s, "/completion", body).json()["tokens"] == before
+        assert httpx.get(s.url + "/props").json()["is_sleeping"] is False
+        assert _mapped(s.pid, files["ver"])
+        assert asleep(s)
+        assert post(s, "/tokenize", {"content": "hello"}).json()["tokens"]
+        assert httpx.get(s.url + "/props").json()["is_sleeping"] is False
+    r = run_cli("serve", files["ver"], "--method", "none", "--sleep-idle-seconds", "0")
+    assert r.returncode == 1 and "--sleep-idle-seconds must be -1 or >= 1" in r.stderr, r.stderr
+
+
+def test_llama_servers_serve_flags(files):
+    """--host with two addresses (both answer, the key asked on both), --alias with several
+    names (the first in sorted order is the id) and --tags on /v1/models, Vertex AI's
+    AIP_MODE=PREDICTION (its port, /predict dispatching each instance to its route), and
+    /metrics a 501 without --metrics, as llama-server."""
+    import socket
+
+    with socket.socket(socket.AF_INET6) as probe:
+        try:
+            probe.bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+    port, gcp_port = _free_port(), _free_port()
+    auth = {"Authorization": "Bearer k3y"}
+    with serving(files["ver"], "-t", "1", "--method", "none", "-n", "4", "--api-key", "k3y",
+                 "--host", "127.0.0.1,::1", "--alias", "tiny,code", "--tags", "chat, small",
+                 port=port) as s:
+        for host in ("127.0.0.1", "[::1]"):
+            url = f"http://{host}:{port}"
+            assert httpx.get(url + "/health").status_code == 200
+            assert httpx.post(url + "/v1/completions", json={"prompt": "a"}).status_code == 401
+            r = httpx.post(url + "/v1/completions", json={"prompt": "a"}, headers=auth)
+            assert r.json()["usage"]["completion_tokens"] == 4
+        model = httpx.get(s.url + "/v1/models", headers=auth).json()["data"]
+        assert [(m["id"], m["aliases"], m["tags"]) for m in model] == \
+            [("code", ["code", "tiny"], ["chat", "small"])]
+        r = httpx.get(s.url + "/metrics", headers=auth)
+        assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+    chat = {"@requestFormat": "chatCompletions", "max_tokens": 3, "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]}
+    with serving(files["ver"], "-t", "1", "--method", "none",
+                 env={"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": str(gcp_port)}) as s:
+        assert s.url == f"http://127.0.0.1:{gcp_port}"  # (not --port 0's)
+        r = post(s, "/predict", {"instances": [chat, {"@requestFormat": "/tokenize",
+                                                      "content": "hi"}, {"@requestFormat": "x"}]})
+        one, two, three = r.json()["predictions"]
+        assert one["usage"]["completion_tokens"] == 3 and one["object"] == "chat.completion"
+        assert two == post(s, "/tokenize", {"content": "hi"}).json()
+        assert three["error"]["code"] == 400 and "'x'" in three["error"]["message"]
+        assert post(s, "/predict", {"instances": {}}).status_code == 400
+    r = run_cli("serve", files["ver"], "--method", "none", "--host", "127.0.0.1,::1", "--port", "0")
+    assert r.returncode == 1 and "--host names several addresses: they share one port" in \
+        r.stderr, r.stderr

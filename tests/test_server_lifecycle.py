@@ -80,7 +80,8 @@ def answered_at_once(server) -> float:
 def long(files):
     """A 65,536-token context: a 60,000-token prompt's prefill, or a 60,000-token answer, would
     take tens of seconds."""
-    with LiveServer(files["ver"], files["dft"], "-t", "1", "-c", "65536", "-k", "4") as s:
+    with LiveServer(files["ver"], files["dft"], "-t", "1", "-c", "65536", "-k", "4",
+                    "--metrics") as s:
         yield s
     assert s.returncode == 0 and not any("Traceback" in ln for ln in s.stderr_lines)
 

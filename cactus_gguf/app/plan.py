@@ -16,6 +16,7 @@ from ..errors import InputError
 from ..options import (BY_NAME, MODEL_DRAFTERS, SELF_DRAFTERS, LoadOptions, Request,
                       check_speculation, check_value, options_in, validate_pairing)
 from ..options.rule import rule_of
+from ..options.values import parse_names
 from ..stats import GenerationResult
 
 __all__ = ["RunPlan", "ServePlan", "plan_run", "plan_serve", "open_engine", "execute_run",
@@ -218,8 +219,10 @@ class ServePlan:
     the verifier's)."""
 
     run: RunPlan
-    settings: dict[str, Any]
+    settings: dict[str, Any]  # (``hosts``: ``host``'s addresses, one or more)
     model_id: str
+    aliases: tuple[str, ...] = ()  # every ``--alias`` name (the id among them)
+    tags: tuple[str, ...] = ()  # ``--tags``
 
 
 def plan_serve(given: Mapping[str, Any]) -> ServePlan:
@@ -229,9 +232,17 @@ def plan_serve(given: Mapping[str, Any]) -> ServePlan:
     for o in options_in("serve"):
         value = o.normalize(values[o.name]) if o.normalize is not None else values[o.name]
         settings[o.name] = check_value(o.name, value)
-    model_id = (settings["alias"] or plan.pair_name
+    aliases = parse_names(settings["alias"])
+    settings["hosts"] = parse_names(settings["host"])
+    if len(settings["hosts"]) > 1 and settings["port"] == 0:
+        raise InputError("{host} names several addresses: they share one port, so give one "
+                         "(--port 0, any free port, would differ between them; as llama-server)",
+                         param="host")
+    # several aliases: the first in sorted order is the id (llama-server keeps them in a std::set)
+    model_id = (min(aliases) if aliases else plan.pair_name
                 or Path(plan.verifier_spec).name.removesuffix(".gguf"))
-    return ServePlan(run=plan, settings=settings, model_id=model_id)
+    return ServePlan(run=plan, settings=settings, model_id=model_id, aliases=aliases,
+                     tags=parse_names(settings["tags"]))
 
 
 def open_engine(plan: RunPlan, probe: bool = False):

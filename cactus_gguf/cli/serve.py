@@ -7,9 +7,10 @@ never a silent end), the models freed; exit code 0. A second Ctrl-C quits at onc
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import click
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from ..app.plan import ServePlan
+    from ..server.app import GcpCompat
     from ..server.worker import Worker
 
 
@@ -45,18 +47,23 @@ def serve(ctx: click.Context, verifier, draft, **_options) -> None:
 
     plan = _serve_plan(ctx, verifier, draft)
     p = plan.settings
-    if not _loopback(p["host"]) and not p["api_key"]:
-        click.echo(f"cactus-gguf: warning: listening on {p['host']} without --api-key: anyone who "
-                   "can reach this address can use the server", err=True)
-    sock = _bind(p["host"], p["port"])
-    worker = Worker(lambda: planner.open_engine(plan.run, probe=True), max_queue=p["max_queue"])
-    server = _http_server(plan, worker)
-    host, port = sock.getsockname()[:2]
+    gcp = _gcp_compat(os.environ)
+    port = gcp.port if gcp is not None else p["port"]
+    for host in p["hosts"]:
+        if not _loopback(host) and not p["api_key"]:
+            click.echo(f"cactus-gguf: warning: listening on {host} without --api-key: anyone who "
+                       "can reach this address can use the server", err=True)
+    socks = [_bind(host, port) for host in p["hosts"]]
+    sleep = p["sleep_idle_seconds"]
+    worker = Worker(lambda: planner.open_engine(plan.run, probe=True), max_queue=p["max_queue"],
+                    sleep_idle=None if sleep == -1 else float(sleep))
+    server = _http_server(plan, worker, gcp)
+    addresses = [sock.getsockname()[:2] for sock in socks]
     worker.start()
-    threading.Thread(target=_announce, args=(worker, server, plan.model_id, host, port),
+    threading.Thread(target=_announce, args=(worker, server, plan.model_id, addresses),
                      daemon=True).start()
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=socks)
     except KeyboardInterrupt:
         pass
     finally:
@@ -92,7 +99,28 @@ def _serve_plan(ctx: click.Context, verifier, draft) -> ServePlan:
         report_error(e)
 
 
-def _http_server(plan: ServePlan, worker: Worker) -> uvicorn.Server:
+def _gcp_compat(env: Mapping[str, str]) -> GcpCompat | None:
+    """Google Vertex AI's custom-container contract, as llama-server reads it: with
+    ``AIP_MODE=PREDICTION``, the port is ``AIP_HTTP_PORT`` (default 8080, replacing ``--port``),
+    ``POST AIP_PREDICT_ROUTE`` (default ``/predict``) answers a batch of ``instances``, and
+    ``AIP_HEALTH_ROUTE`` (when set) is a second health route. None without ``AIP_MODE``."""
+    from ..server.app import GcpCompat
+
+    if env.get("AIP_MODE") != "PREDICTION":
+        return None
+
+    def route(name: str, default: str) -> str:
+        value = env.get(name) or default
+        return value if not value or value.startswith("/") else "/" + value
+
+    text = env.get("AIP_HTTP_PORT") or "8080"
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        fail(f"AIP_HTTP_PORT must be a port number (0 to 65535), got {text!r}")
+    return GcpCompat(port=int(text), predict_route=route("AIP_PREDICT_ROUTE", "/predict"),
+                     health_route=route("AIP_HEALTH_ROUTE", ""))
+
+
+def _http_server(plan: ServePlan, worker: Worker, gcp: GcpCompat | None) -> uvicorn.Server:
     """The uvicorn server of the app over ``worker``, its requests defaulting to ``plan``'s. Its
     SIGINT / SIGTERM handler first shuts the engine's side down (waiting jobs refused, the
     running one given its grace)."""
@@ -106,7 +134,8 @@ def _http_server(plan: ServePlan, worker: Worker) -> uvicorn.Server:
                           api_key=p["api_key"], strict_model=p["strict_model"],
                           request_timeout=p["request_timeout"],
                           cors_origins=tuple(p["cors_origin"]),
-                          slots=p["slots"], slot_save_path=p["slot_save_path"], ui=p["ui"])
+                          slots=p["slots"], slot_save_path=p["slot_save_path"], ui=p["ui"],
+                          metrics=p["metrics"], aliases=plan.aliases, tags=plan.tags, gcp=gcp)
     app = create_app(worker, config)
 
     class Server(uvicorn.Server):
@@ -121,14 +150,15 @@ def _http_server(plan: ServePlan, worker: Worker) -> uvicorn.Server:
                                  timeout_graceful_shutdown=config.shutdown_grace + 15))
 
 
-def _announce(worker: Worker, server: uvicorn.Server, model_id: str, host: str,
-              port: int) -> None:
-    """Once the worker has loaded the models (run in a thread): the address served on stderr, or
-    the load's error, and then the server told to exit."""
+def _announce(worker: Worker, server: uvicorn.Server, model_id: str,
+              addresses: list[tuple[str, int]]) -> None:
+    """Once the worker has loaded the models (run in a thread): the addresses served on stderr,
+    or the load's error, and then the server told to exit."""
     worker.ready.wait()
     if worker.state == "ready":
-        shown = f"[{host}]" if ":" in host else host
-        click.echo(f"cactus-gguf: serving {model_id} at http://{shown}:{port} "
+        urls = " and ".join(f"http://{f'[{host}]' if ':' in host else host}:{port}"
+                            for host, port in addresses)
+        click.echo(f"cactus-gguf: serving {model_id} at {urls} "
                    "(OpenAI API under /v1, chat page at /)", err=True)
     else:
         e = worker.exception

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import InputError
+from .values import _hosts, _names
 from .values import (_endpoints, _nonempty, _tensor_split, check_template, normalize_json_schema,
                      parse_endpoints, parse_tensor_split)
 
@@ -431,18 +432,24 @@ OPTIONS: tuple[Option, ...] = (
            "`--list-devices`); a run's summary and `--json` say where each model's layers went",
            ("--list-devices",), scope="run", commands=_ALL),
     # -- serve: the OpenAI-compatible server -------------------------------------------------------
-    Option("host", str, "127.0.0.1", "address to listen on (a non-loopback address without "
-           "`--api-key` gets a warning)", ("--host",), scope="serve", metavar="ADDR",
-           commands=_SERVE),
+    Option("host", str, "127.0.0.1", "address to listen on, or several, comma-separated (as "
+           "llama-server's; a non-loopback address without `--api-key` gets a warning)",
+           ("--host",), scope="serve", metavar="ADDR[,ADDR]", commands=_SERVE, normalize=_hosts),
     Option("port", int, 8080, "port to listen on (0 = any free port)", ("--port",), scope="serve",
            range=Range(lo=0, hi=65535), metavar="N", commands=_SERVE),
     Option("api_key", str, None, "require the key: `Authorization: Bearer KEY` (as llama-server's; "
            "the scheme in any case) or `x-api-key: KEY`", ("--api-key",), scope="serve",
            optional=True, metavar="KEY", shown_default="none", commands=_SERVE),
     Option("alias", str, None, "the model id clients see (`GET /v1/models`, each response's "
-           "`model`), as llama-server's `--alias`", ("-a", "--alias"), scope="serve",
-           optional=True, metavar="NAME", shown_default="pair or verifier name", commands=_SERVE,
-           normalize=lambda v: _nonempty(v, "alias")),
+           "`model`), as llama-server's `--alias`; several names, comma-separated, are all listed "
+           "as the model's `aliases` and the first in sorted order is its id (as llama-server)",
+           ("-a", "--alias"), scope="serve", optional=True, metavar="NAME[,NAME]",
+           shown_default="pair or verifier name", commands=_SERVE,
+           normalize=lambda v: _names(_nonempty(v, "alias"), "alias")),
+    Option("tags", str, None, "tags listed with the model on `GET /v1/models` (`tags`), "
+           "comma-separated; informational, as llama-server's `--tags`", ("--tags",),
+           scope="serve", optional=True, metavar="TAG[,TAG]", shown_default="none",
+           commands=_SERVE, normalize=lambda v: _names(v, "tags")),
     Option("strict_model", bool, False, "answer 404 to a request naming another model than the "
            "served id (default: any name is served, as llama-server does with one model)",
            ("--strict-model",), scope="serve", commands=_SERVE),
@@ -454,6 +461,14 @@ OPTIONS: tuple[Option, ...] = (
            range=Range(lo=0.0, lo_open=True), metavar="S", commands=_SERVE),
     Option("ui", bool, True, "serve the chat page at `/` (`--no-ui`: 404, as llama-server's)",
            ("--ui", "--no-ui"), scope="serve", commands=_SERVE),
+    Option("metrics", bool, False, "serve Prometheus `GET /metrics` (without it: 501, as "
+           "llama-server without `--metrics`)", ("--metrics",), scope="serve", commands=_SERVE),
+    Option("sleep_idle_seconds", int, -1, "after this many seconds without a request that needs "
+           "the models, free them (both models and their caches) and load them again at the next "
+           "such request; `/health`, `/props`, `/models` and `/metrics` neither need nor wake "
+           "them (llama-server's `--sleep-idle-seconds`)", ("--sleep-idle-seconds",),
+           scope="serve", range=Range(lo=1, also=(-1,), note="-1 = never"), metavar="S",
+           commands=_SERVE),
     Option("slots", bool, True, "serve `GET /slots`, the slot's state (`--no-slots`: 501, as "
            "llama-server's)", ("--slots", "--no-slots"), scope="serve", commands=_SERVE),
     Option("slot_save_path", str, None, "folder where `POST /slots/0?action=save` writes a slot's "

@@ -117,3 +117,31 @@ def _tensor_split(value: Any) -> Any:
     if not isinstance(value, str):
         return value
     return ",".join(f"{v:g}" for v in parse_tensor_split(value))
+
+
+def parse_names(text: str | None) -> tuple[str, ...]:
+    """A comma-separated list of names (``--alias``, ``--tags``, ``--host``), each stripped, the
+    empty ones left out, in the order given, once each."""
+    if text is None:
+        return ()
+    return tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+
+
+def _names(value: Any, name: str) -> Any:
+    """A comma-separated option that must name at least one thing: InputError otherwise."""
+    if isinstance(value, str) and not parse_names(value):
+        raise InputError(f"{{{name}}} names nothing: give one or more names, comma-separated",
+                         param=name)
+    return value
+
+
+def _hosts(value: Any) -> Any:
+    """``--host``: one address or several, comma-separated (llama-server's form); each an IP
+    address or a host name. InputError for none, or for a Unix socket (``*.sock``), which llama-server
+    takes and this server does not listen on."""
+    _names(value, "host")
+    for host in parse_names(value) if isinstance(value, str) else ():
+        if host.endswith(".sock"):
+            raise InputError(f"{{host}} {host!r} is a Unix socket: this server listens on TCP "
+                             "addresses only", param="host")
+    return value

@@ -40,7 +40,7 @@ from .core import not_ready
 from .fim import router as fim_router
 from .http_errors import error, error_of, invalid_body, llama_error
 from .metrics import CONTENT_TYPE_LATEST, Metrics
-from .native_api import is_native, router as native_router
+from .native_api import is_native, model_facts, router as native_router
 from .anthropic import router as anthropic_router
 from .openai_api import router as openai_router
 from .responses import router as responses_router
@@ -52,6 +52,10 @@ MAX_BODY = 8 << 20  # bytes: a chat far longer than any context still fits
 SHUTDOWN_GRACE = 5.0  # seconds the running request may take to finish after SIGTERM / Ctrl-C
 # no API key asked (llama-server's public endpoints, and this server's page and request schemas)
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/", "/docs", "/openapi.json"})
+# the reads a monitor polls: they neither wake sleeping models nor count in cactus_requests, so
+# scraping an idle (or sleeping) server reads the same text each time, as llama-server's
+MONITORING_PATHS = frozenset({"/health", "/v1/health", "/metrics", "/props", "/models",
+                              "/v1/models"})
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,26 @@ class ServerConfig:
     slots: bool = True  # GET /slots served (--no-slots: 501)
     ui: bool = True  # the chat page at / (--no-ui: 404)
     slot_save_path: str | None = None  # the folder of /slots' save and restore (None: refused)
+    metrics: bool = False  # GET /metrics served (without --metrics: 501, as llama-server)
+    aliases: tuple[str, ...] = ()  # every name of the model (--alias a,b,c), the id among them
+    tags: tuple[str, ...] = ()  # --tags, listed on /models
+    gcp: GcpCompat | None = None  # Vertex AI's prediction route (AIP_MODE=PREDICTION)
     max_body: int = MAX_BODY
     created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass(frozen=True)
+class GcpCompat:
+    """Google Vertex AI's custom-container contract (its ``AIP_*`` environment variables), as
+    llama-server serves it: ``POST predict_route`` takes ``{"instances": [...]}``, each instance
+    a body for the route its ``@requestFormat`` names (``chatCompletions``: the route's path
+    without ``/v1`` in camel case, or the path itself), and answers ``{"predictions": [...]}``,
+    one reply per instance in order (an instance's error is its prediction); ``health_route``
+    (when not empty) answers as ``/health``."""
+
+    port: int = 8080
+    predict_route: str = "/predict"
+    health_route: str = ""
 
 
 # an absolute path: POSIX (checked against the file system, so a URL path such as /v1/models in a
@@ -128,6 +150,8 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
     metrics = metrics or Metrics()
     worker.on_finish = lambda job, result, waited: (metrics.finished(result.stats)
                                                    if result is not None else None)
+    # while the models sleep, /props answers from what they were
+    worker.on_sleep = lambda engine: setattr(app.state, "model_facts", model_facts(engine))
     # /docs and /openapi.json: the request bodies' JSON schema, the speculative object's from the
     # options table (server/speculative.py)
     app = FastAPI(title="cactus-gguf", docs_url="/docs", redoc_url=None,
@@ -165,6 +189,8 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
 
     @app.get("/metrics")
     async def metrics_route():
+        if not config.metrics:
+            return llama_error(501, "this server does not serve metrics: start it with --metrics")
         metrics.state(waiting=worker.waiting, processing=worker.processing)
         # llama-server's header: when this process started (Unix seconds)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST,
@@ -176,22 +202,121 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
         # the models by name (a registry name, or the file's name), never this machine's path
         return {"object": "list", "data": [{
             "id": config.model_id, "object": "model", "created": config.created,
-            "owned_by": "cactus-gguf", "verifier": os.path.basename(config.verifier),
+            "owned_by": "cactus-gguf", "aliases": sorted(config.aliases or (config.model_id,)),
+            "tags": sorted(config.tags), "verifier": os.path.basename(config.verifier),
             "draft": os.path.basename(config.draft) if config.draft else None}]}
+
+    if config.gcp is not None:
+        _install_gcp(app, config.gcp, health)
 
     paths.update(p for p in _route_paths(app.routes) if p not in ("/", "/static"))
     paths.update(PUBLIC_PATHS - {"/"})
     return app
 
 
+MAX_INSTANCES = 128  # Vertex AI instances per prediction (llama-server's limit)
+
+
+def _gcp_format(path: str) -> str:
+    """A route's ``@requestFormat`` name, as llama-server derives it: the path without its
+    ``/v1`` and leading slash, each ``/``, ``-`` or ``_`` dropped and the next letter upper-cased,
+    up to a path parameter (``/v1/chat/completions`` -> ``chatCompletions``)."""
+    text = path[3:] if path.startswith("/v1") and len(path) > 3 else path
+    text = text.removeprefix("/").split("{")[0]
+    words = re.split(r"[/_-]", text)
+    return words[0] + "".join(w[:1].upper() + w[1:] for w in words[1:])
+
+
+def _install_gcp(app: FastAPI, gcp: GcpCompat, health) -> None:
+    """Vertex AI's prediction route (:class:`GcpCompat`): each instance is served by the route
+    it names, inside this process (an ASGI call of this app with the prediction's headers, so
+    the API key and the metrics apply to it as to any request), one after another, as the one
+    engine serves requests; never streamed."""
+    import json
+
+    if gcp.health_route:
+        app.add_api_route(gcp.health_route, health, methods=["GET"], include_in_schema=False)
+    posts: dict[str, str] = {}  # @requestFormat -> path, the first route of a name winning
+    for route in _all_routes(app.routes):
+        if "POST" in (getattr(route, "methods", None) or ()):
+            posts.setdefault(_gcp_format(route.path), route.path)
+            posts.setdefault(route.path, route.path)
+
+    def failed(message: str, type_: str = "invalid_request_error") -> dict:
+        return {"error": {"code": 400 if type_ == "invalid_request_error" else 500,
+                          "message": message, "type": type_}}
+
+    async def one(request: HttpRequest, instance) -> Any:
+        if not isinstance(instance, dict):
+            return failed("each instance must be a JSON object")
+        name = instance.get("@requestFormat")
+        if not isinstance(name, str):
+            return failed("each instance must include a string @requestFormat")
+        if name not in posts:
+            return failed(f"no route for @requestFormat {name!r}")
+        payload = {k: v for k, v in instance.items() if k != "@requestFormat"}
+        if "stream" in payload:
+            payload["stream"] = False  # a prediction is one JSON answer
+        body = json.dumps(payload).encode()
+        headers = [(k, v) for k, v in request.scope["headers"]
+                   if k not in (b"content-type", b"content-length")]
+        headers += [(b"content-type", _JSON), (b"content-length", str(len(body)).encode())]
+        scope = {**request.scope, "path": posts[name], "raw_path": posts[name].encode(),
+                 "headers": headers, "state": {}}
+        sent = [False]
+
+        async def receive():
+            if not sent[0]:
+                sent[0] = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await request.receive()  # (blocks until the prediction's client leaves)
+
+        parts: list[bytes] = []
+
+        async def send(message) -> None:
+            if message["type"] == "http.response.body":
+                parts.append(message.get("body", b""))
+
+        await app(scope, receive, send)
+        data = b"".join(parts)
+        if not data:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            return data.decode("utf-8", "replace")
+
+    @app.post(gcp.predict_route, include_in_schema=False)
+    async def predict(request: HttpRequest):
+        try:
+            data = json.loads(await request.body())
+        except ValueError as e:
+            return llama_error(400, f"the body is not JSON: {e}")
+        if not isinstance(data, dict):
+            return llama_error(400, "the request body must be a JSON object")
+        instances = data.get("instances")
+        if not isinstance(instances, list):
+            return llama_error(400, "the request body must have an array named instances",
+                               param="instances")
+        if len(instances) > MAX_INSTANCES:
+            return llama_error(400, f"instances has {len(instances)} items, more than "
+                                    f"{MAX_INSTANCES}", param="instances")
+        return {"predictions": [await one(request, instance) for instance in instances]}
+
+
 def _route_paths(routes) -> list[str]:
     """The paths of ``routes``, those of included routers too (FastAPI includes them lazily)."""
+    return [route.path for route in _all_routes(routes)]
+
+
+def _all_routes(routes) -> list:
+    """``routes`` with those of included routers in their place."""
     out = []
     for route in routes:
         if hasattr(route, "path"):
-            out.append(route.path)
+            out.append(route)
         elif hasattr(route, "original_router"):
-            out += _route_paths(route.original_router.routes)
+            out += _all_routes(route.original_router.routes)
     return out
 
 
@@ -249,7 +374,8 @@ class _Guard:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            if status and not scope.get("state", {}).get("counted_by_stream"):
+            if status and not scope.get("state", {}).get("counted_by_stream") \
+                    and path not in MONITORING_PATHS:
                 # (a stream counts itself when it ends: 200, or 499 if the client left first)
                 metrics.requests.labels(path if path in self.paths else "other",
                                         str(status[0])).inc()

@@ -54,7 +54,7 @@ def not_ready(worker) -> CactusError | None:
         return ShuttingDownError()
     if worker.state == "loading":
         return NotReadyError("the models are still loading: retry in a moment")
-    if worker.state != "ready":
+    if worker.state not in ("ready", "sleeping"):  # (a sleeping engine loads again for a job)
         return LoadFailedError(f"the models failed to load: {worker.error}")
     return None
 

@@ -386,14 +386,17 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int] | None = None
 
 
-def _engine(request: HttpRequest):
-    """The loaded engine. Raises Refused with llama-server's answer saying why there is none
-    (:func:`_not_ready`)."""
-    worker = request.app.state.worker
-    refused = _not_ready(worker, request.app.state.redact)
+async def _engine(request: HttpRequest):
+    """The loaded engine (woken first when it sleeps). Raises Refused with llama-server's answer
+    saying why there is none (:func:`_not_ready`), or why it did not load again."""
+    worker, redact = request.app.state.worker, request.app.state.redact
+    refused = _not_ready(worker, redact)
     if refused is not None:
         raise Refused(refused)
-    return worker.engine
+    try:
+        return await worker.awake()
+    except CactusError as e:
+        raise Refused(llama_error_of(e, redact)) from None
 
 
 def _piece_json(piece: bytes) -> str | list[int]:
@@ -413,7 +416,7 @@ def _check_ids(ids: list[int], n_vocab: int, field: str) -> None:
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: HttpRequest):
-    model = _engine(request).verifier.model
+    model = (await _engine(request)).verifier.model
     content, ids = body.content, []
     for i, part in enumerate([content] if isinstance(content, str) else content or []):
         if isinstance(part, str):
@@ -430,7 +433,7 @@ async def tokenize(body: TokenizeRequest, request: HttpRequest):
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: HttpRequest):
-    model = _engine(request).verifier.model
+    model = (await _engine(request)).verifier.model
     ids = body.tokens or []
     _check_ids(ids, model.n_vocab, "tokens")
     return {"content": model.detokenize(ids, special=True)}
@@ -439,30 +442,47 @@ async def detokenize(body: DetokenizeRequest, request: HttpRequest):
 @router.post("/apply-template")
 async def apply_template(body: ChatCompletionRequest, request: HttpRequest):
     """The prompt a chat body decodes: its messages and tools in the GGUF's template."""
-    return {"prompt": chat_prompt(_engine(request), body, request.app.state.config.defaults)}
+    return {"prompt": chat_prompt(await _engine(request), body, request.app.state.config.defaults)}
 
 
-@router.get("/props")
-async def props(request: HttpRequest):
-    engine = _engine(request)
-    config = request.app.state.config
-    model, defaults = engine.verifier.model, config.defaults
+def model_facts(engine) -> dict:
+    """What ``GET /props`` reads of the loaded models, kept while they sleep (llama-server
+    answers /props from such a copy then)."""
+    model = engine.verifier.model
 
     def text(token: int) -> str:
         return model.token_text(token).decode("utf-8", "replace") if token >= 0 else ""
 
-    return {"default_generation_settings": {"n_ctx": engine.verifier.n_ctx,
+    return {"n_ctx": engine.verifier.n_ctx, "chat_template": model.chat_template() or "",
+            "bos_token": text(model.bos), "eos_token": text(model.eos)}
+
+
+@router.get("/props")
+async def props(request: HttpRequest):
+    """llama-server's properties; while the models sleep, from what they were (they are not
+    woken), with ``is_sleeping`` true."""
+    worker, config = request.app.state.worker, request.app.state.config
+    sleeping = worker.sleeping
+    if sleeping:
+        facts = request.app.state.model_facts
+    else:
+        refused = _not_ready(worker, request.app.state.redact)
+        if refused is not None:
+            return refused
+        facts = model_facts(worker.engine)
+    defaults = config.defaults
+    return {"default_generation_settings": {"n_ctx": facts["n_ctx"],
                                             "params": generation_settings(defaults)},
             "total_slots": 1, "model_alias": config.model_id,
             # the file's name, never this machine's path (docs/server.md "Endpoints and
             # fields against llama-server")
             "model_path": os.path.basename(str(config.verifier)),
             "modalities": {"vision": False, "audio": False, "video": False},
-            "endpoint_slots": config.slots, "endpoint_props": False, "endpoint_metrics": True,
-            "ui": True, "chat_template": model.chat_template() or "",
-            "bos_token": text(model.bos), "eos_token": text(model.eos),
+            "endpoint_slots": config.slots, "endpoint_props": False, "endpoint_metrics": config.metrics,
+            "ui": config.ui, "chat_template": facts["chat_template"],
+            "bos_token": facts["bos_token"], "eos_token": facts["eos_token"],
             "build_info": build_info(),
-            "is_sleeping": False,
+            "is_sleeping": sleeping,
             # this server's own: the speculation every request gets unless it says otherwise
             "speculative": rule_of(defaults),
             "draft_path": os.path.basename(str(config.draft)) if config.draft else None}
@@ -486,7 +506,7 @@ async def slots(request: HttpRequest, fail_on_no_slot: str | None = None):
     worker, config = request.app.state.worker, request.app.state.config
     if not config.slots:
         return llama_error(501, "this server does not serve /slots: start it with --slots")
-    engine = _engine(request)
+    engine = await _engine(request)
     busy = worker.waiting > 0 or worker.busy
     if fail_on_no_slot and busy:
         return llama_error(503, "no slot available")
@@ -528,7 +548,7 @@ async def slot_action(id_slot: str, request: HttpRequest, action: str | None = N
     if action not in ("save", "restore", "erase"):
         return llama_error(400, f"invalid action {action!r}: save, restore or erase",
                            param="action")
-    _engine(request)  # ready, else llama-server's refusal
+    await _engine(request)  # ready, else llama-server's refusal
     path = None if action == "erase" else _slot_file(folder, body.filename if body else None)
     if action == "restore" and not os.path.isfile(path):
         return llama_error(404, f"no saved slot {body.filename!r} in --slot-save-path",

@@ -170,7 +170,7 @@ async def count_tokens(request: HttpRequest, body: ChatCompletionRequest) -> int
     refused = not_ready(state.worker)
     if refused is not None:
         raise refused
-    engine = state.worker.engine
+    engine = await state.worker.awake()
     prompt = chat_prompt(engine, body, state.config.defaults)
     return len(engine.verifier.model.tokenize(prompt))
 

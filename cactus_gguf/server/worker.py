@@ -7,10 +7,19 @@ starts. ``shutdown(grace)`` refuses every job not yet running and ends the runni
 ``grace`` seconds (``stopped_by`` "shutdown"). Whatever a job does
 (bad input, a failed decode, a disconnect), the engine is ready for the next one: the engine
 restores its caches per request and a failed step leaves it consistent.
+
+Sleep (``sleep_idle``, llama-server's ``--sleep-idle-seconds``): after that many seconds without
+a job or a route's use of the engine (:meth:`Worker.awake`), the thread frees the engine (both
+models, their contexts) and ``state`` reads "sleeping"; the next job loads it again first, and so
+does :meth:`Worker.awake`, through a job of its own. A route that holds the engine it got from
+``awake`` keeps it loaded for ``sleep_idle`` seconds (at least 1), far longer than any route's own
+use of it.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import queue
 import threading
 import time
@@ -21,6 +30,8 @@ from ..errors import CapacityError, EngineError, InputError
 from ..llama.devices import RpcServerLostError
 
 __all__ = ["Job", "Worker", "QueueFullError", "ShuttingDownError"]
+
+log = logging.getLogger(__name__)
 
 
 class QueueFullError(CapacityError):
@@ -97,10 +108,16 @@ class Worker:
     """
 
     def __init__(self, load: Callable[[], Any], max_queue: int,
-                 on_finish: Callable[[Job, Any, float], None] | None = None) -> None:
+                 on_finish: Callable[[Job, Any, float], None] | None = None,
+                 sleep_idle: float | None = None) -> None:
         self._load = load
         self.max_queue = max_queue
         self.on_finish = on_finish or (lambda *a: None)
+        self.sleep_idle = sleep_idle  # seconds idle before the engine is freed (None: never)
+        # called in the worker thread with the engine just before sleep frees it (what the
+        # read-only routes answer from while it sleeps)
+        self.on_sleep: Callable[[Any], None] = lambda engine: None
+        self._last_use = time.monotonic()
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._outstanding = 0  # submitted and not finished: the running job and those waiting
         self._lock = threading.Lock()
@@ -114,6 +131,28 @@ class Worker:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def sleeping(self) -> bool:
+        """The engine was freed for idleness; the next job loads it again."""
+        return self.state == "sleeping"
+
+    async def awake(self):
+        """The engine, for a route that uses it directly (tokenize, a template, a count): loaded
+        again first when it sleeps, through a job queued as any other. Raises what that load
+        raised. Each call restarts the idle time."""
+        while True:
+            with self._lock:
+                if self.engine is not None:
+                    self._last_use = time.monotonic()
+                    return self.engine
+            job = Job(prompt=None, request=None, chat=False, loop=asyncio.get_running_loop(),
+                      deadline=math.inf, task=lambda engine: None)
+            self.submit(job)
+            while (event := await job.events.get())[0] not in ("done", "error"):
+                pass
+            if event[0] == "error":
+                raise event[1]
 
     @property
     def busy(self) -> bool:
@@ -176,17 +215,58 @@ class Worker:
         self.ready.set()
         try:
             while True:
-                job = self._jobs.get()
+                job = self._next_job()
                 if job is None:
                     break
                 try:
+                    if self.engine is None and not self._wake(job):
+                        continue
                     self._serve(job)
                 finally:
                     with self._lock:
                         self._outstanding -= 1
+                        self._last_use = time.monotonic()
         finally:
-            self.engine.close()
+            if self.engine is not None:
+                self.engine.close()
             self.state = "stopped"
+
+    def _next_job(self) -> Job | None:
+        """The next job; while none comes, the engine is freed once it has been idle for
+        ``sleep_idle`` seconds."""
+        while True:
+            if self.sleep_idle is None or self.engine is None:
+                return self._jobs.get()
+            wait = self.sleep_idle - (time.monotonic() - self._last_use)
+            if wait > 0:
+                try:
+                    return self._jobs.get(timeout=wait)
+                except queue.Empty:
+                    continue  # (a route may have used the engine meanwhile: measured again)
+            with self._lock:  # (awake() hands the engine out under the same lock)
+                if time.monotonic() - self._last_use < self.sleep_idle or not self._jobs.empty():
+                    continue
+                engine, self.engine = self.engine, None
+                self.on_sleep(engine)
+                self.state = "sleeping"
+            engine.close()
+            log.info("idle for %gs: the models are freed until the next request", self.sleep_idle)
+
+    def _wake(self, job: Job) -> bool:
+        """Load the engine again for ``job``; False (the job refused) when that fails, which
+        ``state`` "failed" then reports to every later request."""
+        log.info("a request: loading the models again")
+        try:
+            engine = self._load()
+        except BaseException as e:  # noqa: BLE001 - reported through /health and the job
+            self.state, self.error = "failed", str(e) or type(e).__name__
+            self.exception = e
+            job.put("error", EngineError(f"the models failed to load again: {self.error}"))
+            self.on_finish(job, None, time.perf_counter() - job.enqueued)
+            return False
+        with self._lock:
+            self.engine, self.state = engine, "ready"
+        return True
 
     def _serve(self, job: Job) -> None:
         waited = time.perf_counter() - job.enqueued

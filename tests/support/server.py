@@ -15,12 +15,15 @@ from support.harness import cli_env
 
 
 class LiveServer:
-    """``with LiveServer(args) as s:`` runs ``python -m cactus_gguf serve *args --port 0`` and
-    waits for its "serving ... at URL" line; ``s.url``, ``s.pid``, ``s.stderr_lines``. On exit it
-    sends SIGINT and records ``returncode`` (``stop()`` may be called earlier)."""
+    """``with LiveServer(args) as s:`` runs ``python -m cactus_gguf serve *args --port 0`` (or
+    ``port``) and waits for its "serving ... at URL" line; ``s.url``, ``s.pid``,
+    ``s.stderr_lines``. On exit it sends SIGINT and records ``returncode`` (``stop()`` may be
+    called earlier)."""
 
-    def __init__(self, *args: str, timeout: float = 300.0, env: dict | None = None) -> None:
+    def __init__(self, *args: str, timeout: float = 300.0, env: dict | None = None,
+                 port: int = 0) -> None:
         self.args = [str(a) for a in args]
+        self.port = port  # (0: any free port; several --host addresses need one)
         self.timeout = timeout
         self.env = dict(cli_env(), **(env or {}))
         self.stderr_lines: list[str] = []
@@ -28,7 +31,7 @@ class LiveServer:
 
     def __enter__(self) -> "LiveServer":
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cactus_gguf", "serve", *self.args, "--port", "0"],
+            [sys.executable, "-m", "cactus_gguf", "serve", *self.args, "--port", str(self.port)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
         ready = threading.Event()
 
