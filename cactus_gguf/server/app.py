@@ -192,9 +192,12 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
         if not config.metrics:
             return llama_error(501, "this server does not serve metrics: start it with --metrics")
         metrics.state(waiting=worker.waiting, processing=worker.processing)
-        # llama-server's header: when this process started (Unix seconds)
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST,
-                        headers={"Process-Start-Time-Unix": str(config.created)})
+        # llama-server's header: when this process started (Unix seconds), spelt as llama-server
+        # spells it (a raw header: Starlette would lower-case it, and clients that read the
+        # headers as a plain dict look it up by that spelling)
+        response = Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        response.raw_headers.append((b"Process-Start-Time-Unix", str(config.created).encode()))
+        return response
 
     @app.get("/v1/models")
     @app.get("/models")
