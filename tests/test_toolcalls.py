@@ -383,7 +383,6 @@ BAD = [
         "type": "object", "properties": {"x": {"type": "strin"}}}}}]},
      "tools.1.function.parameters"),
     ({"functions": [{"name": "a"}]}, "functions"),
-    ({"tools": []}, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "string"}}}],
       "tool_choice": "required"}, "tools.0.function.parameters"),
     ({"messages": [{"role": "user", "content": "x"},

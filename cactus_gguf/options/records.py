@@ -202,8 +202,21 @@ class LoadOptions(_OptionRecord):
     device_draft: str | None = opt("device_draft")
     tensor_split: str | None = opt("tensor_split")
     chat_template_file: str | None = opt("chat_template_file")  # the template's text
+    chat_template: str | None = opt("chat_template")  # a built-in template's name, or Jinja text
+    reasoning: str = opt("reasoning")
 
     __doc__ += _fields_doc("load")
+
+    def _check(self) -> None:
+        if self.chat_template is not None and self.chat_template_file is not None:
+            raise InputError("give one chat template, not {chat_template} and "
+                             "{chat_template_file}", param="chat_template",
+                             options=("chat_template_file",))
+
+    @property
+    def template(self) -> str | None:
+        """The chat template used instead of the GGUF's (either option's), or None."""
+        return self.chat_template if self.chat_template is not None else self.chat_template_file
 
 
 def _check_request(r: Request) -> None:

@@ -12,8 +12,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import InputError
 from .values import _hosts, _names
-from .values import (_endpoints, _nonempty, _tensor_split, check_template, normalize_json_schema,
-                     parse_endpoints, parse_tensor_split)
+from .values import (_endpoints, _nonempty, _tensor_split, check_chat_template, check_template,
+                     normalize_json_schema, parse_endpoints, parse_tensor_split)
 
 __all__ = ["Range", "Option", "OPTIONS", "BY_NAME", "options_in", "default", "check_value",
            "markdown_table", "normalize_json_schema", "parse_endpoints", "parse_tensor_split",
@@ -418,6 +418,15 @@ OPTIONS: tuple[Option, ...] = (
            "`--chat-template-file`)", ("--chat-template-file",), scope="load", optional=True,
            metavar="FILE", shown_default="the GGUF's", file_or_text=True,
            normalize=check_template),
+    Option("chat_template", str, None, "a chat template used instead of the GGUF's: the name "
+           "of one of llama.cpp's built-in templates (`chatml`, `llama3`, `command-r`, ...: its "
+           "own formatter, no tools) or a Jinja template's text (llama-server's "
+           "`--chat-template`)", ("--chat-template",), scope="load", optional=True,
+           metavar="TEMPLATE", shown_default="the GGUF's", normalize=check_chat_template),
+    Option("reasoning", str, "auto", "thinking in chat prompts, given to the template as "
+           "`enable_thinking`: `on`, `off`, or `auto` = on where the template has that switch "
+           "(llama-server's `-rea`; docs/server.md \"Chat templates and reasoning\")",
+           ("-rea", "--reasoning"), scope="load", choices=("on", "off", "auto")),
     # -- run: output -----------------------------------------------------------------------------
     Option("json", bool, False, "print one JSON object (text, settings, all statistics) instead of "
            "streaming", ("--json",), scope="run", commands=frozenset({"run", "models", "vocab"})),

@@ -12,22 +12,54 @@ from ..errors import InputError
 __all__ = ["normalize_json_schema", "parse_endpoints", "parse_tensor_split"]
 
 
-def check_template(value: Any) -> Any:
+def check_template(value: Any, param: str = "chat_template_file") -> Any:
     """A Jinja chat template's text, checked to compile (None stays None). Raises InputError
-    (param chat_template_file) for empty text or a syntax error, with its line."""
+    (``param``) for empty text or a syntax error, with its line."""
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        raise InputError("{chat_template_file} is empty: give a Jinja chat template (its text or "
-                         "a file)", param="chat_template_file")
+        raise InputError(f"{{{param}}} is empty: give a Jinja chat template", param=param)
     import jinja2  # (optional at import: only a given template needs it)
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+    # the syntax chat templates are rendered with: loop controls and the generation tag
+    env = jinja2.Environment(extensions=[Jinja2ChatFormatter.IgnoreGenerationTags,
+                                         "jinja2.ext.loopcontrols"])
     try:
-        jinja2.Environment().parse(value)
+        env.parse(value)
     except jinja2.TemplateSyntaxError as e:
-        raise InputError(f"{{chat_template_file}} is not a valid Jinja template: {e.message} at "
-                         f"line {e.lineno}", param="chat_template_file") from None
+        raise InputError(f"{{{param}}} is not a valid Jinja template: {e.message} at "
+                         f"line {e.lineno}", param=param) from None
     return value
+
+
+def builtin_chat_templates() -> tuple[str, ...]:
+    """The names of llama.cpp's built-in chat templates (``llama_chat_builtin_templates``)."""
+    import ctypes
+
+    import llama_cpp  # (lazy: only --chat-template NAME needs the list)
+
+    n = llama_cpp.llama_chat_builtin_templates(None, 0)
+    names = (ctypes.c_char_p * n)()
+    llama_cpp.llama_chat_builtin_templates(names, n)
+    return tuple(name.decode("utf-8") for name in names)
+
+
+def check_chat_template(value: Any) -> Any:
+    """``--chat-template``'s value: the name of one of llama.cpp's built-in templates, or a
+    Jinja template's text (checked to compile). A single word without Jinja markup that names
+    no built-in template is refused (a misspelt name would otherwise be a template that
+    prints itself)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value in builtin_chat_templates():
+        return value
+    if isinstance(value, str) and value.strip() and not value.split()[1:] and \
+            "{{" not in value and "{%" not in value:
+        raise InputError(f"{{chat_template}} {value[:80]!r} is neither the name of a built-in "
+                         f"template ({', '.join(builtin_chat_templates())}) nor a Jinja "
+                         "template", param="chat_template")
+    return check_template(value, "chat_template")
 
 
 def normalize_json_schema(value: Any) -> Any:

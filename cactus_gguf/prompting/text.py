@@ -127,16 +127,17 @@ class TextStream:
 
 
 def render_chat(template: str | None, messages: Sequence[dict], *, bos: str, eos: str,
-                model_name: str = "the model", add_generation_prompt: bool = True) -> str:
-    """``messages`` ([{"role": ..., "content": ...}]) rendered with a GGUF's Jinja chat template,
-    ending with the assistant's turn opened (``add_generation_prompt``; False: ending with the
-    last message).
+                model_name: str = "the model", add_generation_prompt: bool = True,
+                enable_thinking: bool | None = None) -> str:
+    """``messages`` ([{"role": ..., "content": ...}]) rendered with a chat template (a GGUF's
+    Jinja template, or a built-in one by name: templates.py), ending with the assistant's turn
+    opened (``add_generation_prompt``; False: ending with the last message); ``enable_thinking``
+    (unless None) is given to the template (``--reasoning``).
 
     Raises InputError when there is no template or a message is malformed.
     """
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
     from ..errors import InputError
+    from .templates import apply_template
 
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise InputError(f"messages must be a list of {{\"role\": ..., \"content\": ...}} dicts, got "
@@ -148,9 +149,9 @@ def render_chat(template: str | None, messages: Sequence[dict], *, bos: str, eos
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(
                 m.get("content"), str):
             raise InputError(f"message {i} must be {{\"role\": str, \"content\": str}}, got {m!r}"[:200])
-    formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos,
-                                    add_generation_prompt=add_generation_prompt)
-    return formatter(messages=list(messages)).prompt
+    variables = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    return apply_template(template, messages, bos=bos, eos=eos,
+                          add_generation_prompt=add_generation_prompt, **variables)
 
 
 def columns(rows: Sequence[Sequence[str]], right: bool = False) -> list[str]:

@@ -101,19 +101,22 @@ def tool_format(template: str | None, is_special=lambda text: False) -> ToolForm
 
 
 def render_with_tools(template: str, messages: Sequence[dict], tools: Sequence[dict] | None, *,
-                      bos: str, eos: str) -> str:
+                      bos: str, eos: str, enable_thinking: bool | None = None) -> str:
     """``messages`` rendered with the template and ``tools`` (None: the template's own no-tools
     branch), ending with the assistant's turn opened. Assistant messages may carry
     ``tool_calls`` (OpenAI's, arguments as JSON text: given to the template as objects, the
-    convention of Hugging Face templates, which write them with ``tojson``); ``tool`` messages
-    carry the results. InputError when the template raises (its own checks)."""
+    convention of Hugging Face templates, which write them with ``tojson``) and
+    ``reasoning_content``; ``tool`` messages carry the results; ``enable_thinking`` (unless
+    None) is given to the template (``--reasoning``). InputError when the template raises (its
+    own checks)."""
     import jinja2
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+    from .templates import apply_template
+
+    variables = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     try:
-        return formatter(messages=[_for_template(m) for m in messages],
-                         tools=list(tools) if tools else None).prompt
+        return apply_template(template, [_for_template(m) for m in messages], bos=bos, eos=eos,
+                              tools=list(tools) if tools else None, **variables)
     except (jinja2.TemplateError, ValueError, TypeError) as e:
         raise InputError(f"the model's chat template refused these messages: {e}",
                          param="messages") from None

@@ -13,6 +13,8 @@ chat does. The reply is Anthropic's message: ``text`` and ``tool_use`` content b
 ``error`` event when the engine fails or the server's shutdown cuts the reply). This server's
 ``speculative`` block rides along on the message (and on ``message_delta``).
 
+An assistant's ``thinking`` blocks reach the chat template as the message's
+``reasoning_content`` (a thinking template renders them, e.g. in ``<think>``).
 Refused with a 400 rather than ignored: image and document blocks (this server takes no media).
 ``thinking`` is accepted as llama-server accepts it: a model that does not reason (none that this
 server parses) answers without thinking blocks. Errors are Anthropic's JSON,
@@ -154,12 +156,18 @@ def chat_body(body: MessagesRequest) -> dict:
         if isinstance(m.content, str):
             messages.append({"role": m.role, "content": m.content})
             continue
-        text, calls, results = [], [], []
+        text, calls, results, thoughts = [], [], [], []
         for j, b in enumerate(m.content):
             if b.type == "text":
                 text.append(b.text or "")
             elif b.type == "thinking":
-                continue  # an earlier reply's reasoning: not part of the prompt here
+                # an earlier reply's reasoning: the message's reasoning_content, the blocks
+                # joined as llama-server joins them
+                thinking = (b.model_extra or {}).get("thinking", "")
+                if not isinstance(thinking, str):
+                    raise InputError(f"{field}.{j}.thinking must be a string",
+                                     param=f"{field}.{j}.thinking")
+                thoughts.append(thinking)
             elif b.type == "tool_use" and m.role == "assistant":
                 if not b.id or not b.name:
                     raise InputError(f"{field}.{j}: a tool_use block needs id and name",
@@ -178,11 +186,13 @@ def chat_body(body: MessagesRequest) -> dict:
                                  f"{m.role} message (this server takes text, tool_use from the "
                                  "assistant, tool_result from the user)", param=f"{field}.{j}")
         messages.extend(results)
-        if text or calls or not results:
+        if text or calls or thoughts or not results:
             message: dict[str, Any] = {"role": m.role, "content": "".join(text) or
                                        (None if calls else "")}
             if calls:
                 message["tool_calls"] = calls
+            if thoughts:
+                message["reasoning_content"] = "".join(thoughts)
             messages.append(message)
     out: dict[str, Any] = {"messages": messages, "stream": body.stream, **given(
         model=body.model, max_tokens=body.max_tokens, temperature=body.temperature,

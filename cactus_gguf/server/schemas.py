@@ -326,8 +326,20 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
                 parts.append(part.text)
             content = "".join(parts)
         out.append({"role": "system" if m.role == "developer" else m.role,
-                    "content": content or ""})
+                    "content": content or "", **reasoning_of(m, i)})
     return out
+
+
+def reasoning_of(message: Message, i: int) -> dict[str, str]:
+    """``{"reasoning_content": text}`` of an assistant message that carries its reasoning
+    (llama-server's field; a thinking template renders it, e.g. in ``<think>``), else {}."""
+    reasoning = (message.model_extra or {}).get("reasoning_content")
+    if reasoning is None or message.role != "assistant":
+        return {}
+    if not isinstance(reasoning, str):
+        raise InputError(f"messages[{i}].reasoning_content must be a string",
+                         param=f"messages[{i}].reasoning_content")
+    return {"reasoning_content": reasoning}
 
 
 def given(**fields: Any) -> dict[str, Any]:

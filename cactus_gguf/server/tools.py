@@ -23,6 +23,7 @@ from ..errors import InputError
 from ..sampling.constraints import grammar_spec
 from ..prompting.toolcalls import (ToolCallParser, ToolFormat, arguments_schema, render_with_tools,
                          tool_format, tool_grammar)
+from .schemas import reasoning_of
 
 __all__ = ["ToolPlan", "ToolReply"]
 
@@ -134,9 +135,8 @@ class ToolPlan:
         if raw_tools is not None and not isinstance(raw_tools, list):
             raise InputError(f"tools must be a list of tools, got {type(raw_tools).__name__}",
                              param="tools")
-        if raw_tools == []:  # OpenAI's rule: at least one
-            raise InputError("tools is an empty list: give at least one tool, or leave tools out",
-                             param="tools")
+        if raw_tools == []:  # no tools, as llama-server reads it (OpenAI refuses it)
+            raw_tools = None
         if not raw_tools and not history and not choice_given and \
                 extra.get("parallel_tool_calls") is None:
             return None
@@ -197,7 +197,8 @@ class ToolPlan:
         prompt = render_with_tools(
             template, self.messages, self.tools or None,
             bos=model.token_text(model.bos).decode("utf-8", "replace"),
-            eos=model.token_text(model.eos).decode("utf-8", "replace"))
+            eos=model.token_text(model.eos).decode("utf-8", "replace"),
+            enable_thinking=engine.enable_thinking)
         if self.tools:
             grammar = tool_grammar(self.format, self.tools, self.choice, self.parallel)
             try:
@@ -263,7 +264,8 @@ def _messages(body) -> list[dict]:
     for i, m in enumerate(body.messages):
         extra = m.model_extra or {}
         msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
-                               "content": _text(m.content, f"messages.{i}.content")}
+                               "content": _text(m.content, f"messages.{i}.content"),
+                               **reasoning_of(m, i)}
         calls = extra.get("tool_calls")
         if calls:
             if m.role != "assistant":

@@ -43,6 +43,7 @@ from ..sampling import AcceptanceParams, NativeSampler, acceptance_params, sampl
 from ..sampling.native import pack_allowed
 from ..sampling.constraints import Constraint, tokenizer_for
 from ..stats import GenerationResult
+from ..prompting.templates import enable_thinking, is_builtin
 from ..prompting.text import render_chat
 from ..prompting.tokens import prompt_tokens
 from .device import device_top_k
@@ -171,8 +172,18 @@ class Engine:
         self.verifier, self.draft, self.pair_vocab = load_pair(
             verifier, draft, self.load_options, draft_context=draft_context, repack=repack,
             load_mtp=mtp)
-        # --chat-template-file: every chat prompt and tool call is rendered with it
-        self.verifier.model.template_override = self.load_options.chat_template_file
+        # --chat-template / --chat-template-file: every chat prompt and tool call is rendered
+        # with it; --reasoning: the enable_thinking each is rendered with (prompting/templates.py)
+        model = self.verifier.model
+        model.template_override = self.load_options.template
+        template = model.chat_template()
+        self.enable_thinking = enable_thinking(
+            self.load_options.reasoning, template,
+            bos=model.token_text(model.bos).decode("utf-8", "replace"),
+            eos=model.token_text(model.eos).decode("utf-8", "replace"))
+        log.debug("chat template: %s; --reasoning %s: enable_thinking %s",
+                  f"built-in {template}" if is_builtin(template) else "Jinja" if template
+                  else "none", self.load_options.reasoning, self.enable_thinking)
         for role, c in (("verifier", self.verifier), ("draft", self.draft)):
             if c is not None:
                 log.debug("%s: %s", role, c.model.placement.summary())
@@ -299,7 +310,7 @@ class Engine:
             return render_chat(m.chat_template(), ms, model_name=m.path.name,
                                eos=m.token_text(m.eos).decode("utf-8", "replace"),
                                bos=m.token_text(m.bos).decode("utf-8", "replace"),
-                               add_generation_prompt=opened)
+                               add_generation_prompt=opened, enable_thinking=self.enable_thinking)
 
         if prefill:
             return render(messages[:-1], True) + (messages[-1].get("content") or "")
