@@ -399,8 +399,16 @@ def test_a_final_assistant_message_is_continued_as_llama_server_prefills(server)
     closed = prompt(messages=then, continue_final_message=False)
     assert closed.startswith("user: hi\nassistant: The\n") and closed.endswith("assistant:")
     assert prompt(messages=hi, add_generation_prompt=False) == "user: hi\n"
-    llama_error(post(server, "/apply-template", {"messages": hi, "continue_final_message": True}),
+    llama_error(post(server, "/apply-template", {"messages": hi, "continue_final_message": True,
+                                                 "add_generation_prompt": False}),
                 400, "continue_final_message")
+    # llama-server's (and vLLM's) explicit form, and both switches on refused as they refuse it
+    assert prompt(messages=then, continue_final_message=True, add_generation_prompt=False) == \
+        "user: hi\nassistant:The"
+    for both in ({"add_generation_prompt": True}, {}):  # (true is add_generation_prompt's default)
+        llama_error(post(server, "/apply-template", {"messages": then,
+                                                     "continue_final_message": True, **both}),
+                    400, "continue_final_message")
     # the chat decodes that prompt: its answer continues "The"
     r = post(server, "/v1/chat/completions", {"messages": then, "max_tokens": 3, "seed": 1,
                                               "temperature": 0}).json()

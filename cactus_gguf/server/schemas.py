@@ -360,7 +360,14 @@ def chat_request(body: dict) -> ChatCompletionRequest:
 
 
 def chat_format(body: ChatCompletionRequest) -> dict[str, Any]:
-    """The chat template's switches of a body, as Engine.format_chat takes them."""
+    """The chat template's switches of a body, as Engine.format_chat takes them. InputError for
+    ``continue_final_message`` true with ``add_generation_prompt`` true (its default), as
+    llama-server and vLLM refuse it: the last message is either continued or followed by the
+    assistant's new turn."""
+    if body.continue_final_message and body.add_generation_prompt:
+        raise InputError("continue_final_message and add_generation_prompt cannot both be true: "
+                         "set add_generation_prompt false to continue the last assistant message",
+                         param="continue_final_message")
     return {"add_generation_prompt": body.add_generation_prompt,
             "continue_final_message": body.continue_final_message}
 
