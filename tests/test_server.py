@@ -418,7 +418,7 @@ def test_llama_servers_fields_are_implemented_or_refused(server):
     r = httpx.post(url, json={"prompt": "the cat", "max_tokens": 3, **neutral}, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
     for field, value in [("repeat_penalty", 1.1), ("typical_p", 0.9), ("mirostat", 2),
-                         ("dry_multiplier", 0.8), ("ignore_eos", True), ("xtc_probability", 0.5),
+                         ("dry_multiplier", 0.8), ("xtc_probability", 0.5),
                          ("samplers", ["top_k", "temperature"]), ("repeat_penalty", True)]:
         r = httpx.post(url, json={"prompt": "the cat", field: value}, timeout=60)
         assert r.status_code == 400, (field, value, r.text)

@@ -139,6 +139,8 @@ class Request(_OptionRecord):
     grammar: str | None = opt("grammar")
     json_schema: str | None = opt("json_schema")  # also given as a dict; kept as JSON text
     json_object: bool = opt("json_object")
+    logit_bias: str | None = opt("logit_bias")  # also given as a dict or a list; kept as JSON
+    ignore_eos: bool = opt("ignore_eos")
     cache_prompt: bool = opt("cache_prompt")
     n_probs: int | None = opt("n_probs")  # None: no log-probabilities
     post_sampling_probs: bool = opt("post_sampling_probs")

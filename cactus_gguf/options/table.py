@@ -13,7 +13,8 @@ from typing import Any, Callable, Iterable, Mapping
 from ..errors import InputError
 from .values import _hosts, _names
 from .values import (_endpoints, _nonempty, _tensor_split, check_chat_template, check_template,
-                     normalize_json_schema, parse_endpoints, parse_tensor_split)
+                     normalize_json_schema, normalize_logit_bias, parse_endpoints,
+                     parse_tensor_split)
 
 __all__ = ["Range", "Option", "OPTIONS", "BY_NAME", "options_in", "default", "check_value",
            "markdown_table", "normalize_json_schema", "parse_endpoints", "parse_tensor_split",
@@ -359,6 +360,15 @@ OPTIONS: tuple[Option, ...] = (
            shown_default="none", file_or_text=True, normalize=normalize_json_schema),
     Option("json_object", bool, False, "constrain the output to a JSON object (any keys)",
            ("--json-object",)),
+    Option("logit_bias", str, None, "added to the verifier's logits (and the draft's) before the "
+           "warps, so q is the biased law every acceptance rule targets (llama-server's "
+           "`logit_bias`): `{token: bias}` or `[[token, bias], ...]`, a token an id or text "
+           "(tokenized, each of its tokens biased), a bias a number or false (banned); kept as "
+           "JSON text (docs/maths.md \"Logit bias\")", (), optional=True,
+           shown_default="none", normalize=normalize_logit_bias, commands=frozenset()),
+    Option("ignore_eos", bool, False, "ban every end-of-generation token (llama-server's "
+           "`ignore_eos`: -inf logit biases): the answer ends at `n_predict`, a stop string or a "
+           "full context", (), commands=frozenset()),
     Option("cache_prompt", bool, True, "reuse the longest common prefix of the KV caches from the "
            "previous request (llama-server's `cache_prompt`)", (), commands=frozenset()),
     Option("n_probs", int, None, "log-probabilities of each emitted token and of its N most likely "

@@ -5,6 +5,7 @@ them (its ``normalize`` hooks) when a Request / LoadOptions is made, so before a
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from ..errors import InputError
@@ -94,6 +95,54 @@ def normalize_json_schema(value: Any) -> Any:
     except (TypeError, ValueError) as e:
         raise InputError(f"{{json_schema}} is not JSON data ({e}): use dicts, lists, strings, "
                          "numbers, booleans and None only", param="json_schema") from None
+
+
+def normalize_logit_bias(value: Any) -> str | None:
+    """llama-server's ``logit_bias`` -> compact JSON text ``[[key, bias], ...]`` in the order given
+    (None, ``{}`` and ``[]`` -> None: no bias). It takes an object ``{key: bias}`` (OpenAI's form)
+    or a list of ``[key, bias]`` pairs (or that JSON text); a key is a token id (an integer, or
+    text that is one: ``"15"``) or any other text, which the engine tokenizes (no BOS, no special
+    tokens) and biases token by token; a bias is a finite number added to the verifier's logit (and
+    the draft's), or ``false``: the token is banned (-inf). Raises InputError (param logit_bias)
+    for any other shape, a ``true`` or non-finite bias, or a key that is neither."""
+    import json
+
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{{logit_bias}} is not valid JSON ({e.msg}): give an object "
+                             "{token: bias} or a list of [token, bias] pairs",
+                             param="logit_bias") from None
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        pairs = []
+        for item in value:
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise InputError(f"{{logit_bias}} entries must be [token, bias] pairs, got "
+                                 f"{json.dumps(item, default=str)[:40]}", param="logit_bias")
+            pairs.append(tuple(item))
+    else:
+        raise InputError(f"{{logit_bias}} must be an object {{token: bias}} or a list of "
+                         f"[token, bias] pairs, got {type(value).__name__}", param="logit_bias")
+    out = []
+    for key, bias in pairs:
+        if isinstance(key, str) and re.fullmatch(r"\s*[+-]?\d+", key):
+            key = int(key)  # an id written as text (JSON object keys are strings)
+        elif isinstance(key, bool) or not isinstance(key, (int, str)) or key == "":
+            raise InputError(f"{{logit_bias}} keys are token ids or non-empty text, got "
+                             f"{key!r}", param="logit_bias")
+        if bias is False:
+            bias = False  # a ban: -inf on the logit
+        elif (isinstance(bias, bool) or not isinstance(bias, (int, float))
+              or not math.isfinite(bias)):
+            raise InputError(f"{{logit_bias}} of {key!r} must be a finite number, or false to "
+                             f"ban the token; got {bias!r}", param="logit_bias")
+        out.append([key, bias if bias is False else float(bias)])
+    return json.dumps(out, separators=(",", ":"), ensure_ascii=False) if out else None
 
 
 def parse_endpoints(text: str, param: str = "rpc") -> list[str]:

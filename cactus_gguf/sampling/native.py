@@ -19,6 +19,12 @@ Speculative Sampling", ICLR 2026, arXiv:2604.04987; SpS: Leviathan et al. 2023, 
 Everything per token (warp, sample, verify) runs in C on caller-visible buffers; this module checks
 dtypes and shapes, passes pointers, and maps each C status code to its own exception.
 
+Logit bias (optional, a request's ``logit_bias``): a float32 [V] row added to every logits row
+before the warps, in every call that takes full rows (``warp``, ``sample``, ``draft``,
+``verify``): q and p are then the laws of the biased logits, so every acceptance rule keeps its
+exact law relative to the biased target (docs/maths.md "Logit bias"). A -inf entry bans the
+token. The compact (device) calls refuse a biased sampler: the device's top-K never saw the bias.
+
 Allowed-token masks (optional, for grammar-constrained decoding): ``allowed`` is a uint32 bitmask of
 ``W = ceil(V / 32)`` words per row, bit ``i % 32`` of word ``i // 32`` set = token ``i`` allowed
 (``pack_allowed`` builds it from a boolean array). A disallowed token is treated exactly like a
@@ -116,6 +122,8 @@ class NativeSampler:
             temperature, top-k / top-p / min-p unchanged; 0 = greedy, a one-hot proposal at the
             draft's lowest-id argmax), a finite number >= 0; None = the request's temperature.
             SpS emits q for any proposal law, so this changes acceptance, never what SpS emits.
+        logit_bias: float32 [V] added to every full logits row before the warps (the verifier's
+            and the draft's: a -inf entry bans that token), or None (nothing added).
     Raises:
         ValueError: on an invalid argument.
     """
@@ -124,12 +132,12 @@ class NativeSampler:
         "_n_vocab", "_sampling", "_draft_sampling", "_acceptance", "_rng", "_rng_p",
         "_draft_rng", "_draft_rng_p", "_drafts_rng_p", "_sp",
         "_sp_p", "_dsp", "_dsp_p", "_ap", "_ap_p", "_work", "_work_p", "_probs", "_probs_p",
-        "_tok", "_tok_p", "_res", "_res_p", "_compact",
+        "_tok", "_tok_p", "_res", "_res_p", "_compact", "_bias", "_bias_buf",
     )
 
     def __init__(
         self, n_vocab: int, sampling: SamplingParams, acceptance: AcceptanceParams, seed: int,
-        *, draft_temp: float | None = None,
+        *, draft_temp: float | None = None, logit_bias: np.ndarray | None = None,
     ) -> None:
         if not is_int(n_vocab) or not 1 <= n_vocab < 2**31:
             raise ValueError(f"n_vocab must be an integer in [1, 2**31), got {n_vocab!r}")
@@ -163,6 +171,16 @@ class NativeSampler:
         self._res = _StepResultC()
         self._res_p = ctypes.addressof(self._res)
         self._compact: _CompactBuffers | None = None  # verify_compact's, on its first call
+        if logit_bias is not None and (type(logit_bias) is not np.ndarray
+                                       or logit_bias.dtype != F32
+                                       or logit_bias.shape != (self._n_vocab,)
+                                       or np.isnan(logit_bias).any()
+                                       or np.isposinf(logit_bias).any()):
+            raise ValueError(f"logit_bias must be None or a float32 [V={self._n_vocab}] array "
+                             "of finite numbers or -inf")
+        self._bias = logit_bias
+        # the biased rows' buffer (k + 1 rows at most: grown by verify), only with a bias
+        self._bias_buf = None if logit_bias is None else np.empty(self._n_vocab, F32)
 
     @property
     def n_vocab(self) -> int:
@@ -178,6 +196,34 @@ class NativeSampler:
     def draft_sampling(self) -> SamplingParams:
         """The draft's warps (``sampling`` at the draft's temperature), used by ``draft`` only."""
         return self._draft_sampling
+
+    @property
+    def logit_bias(self) -> np.ndarray | None:
+        """The float32 [V] row added to every full logits row, or None."""
+        return self._bias
+
+    def _biased(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` (checked: float32 [n] with n <= V, or [k+1, V] / flat [(k+1)*V]) plus the
+        bias, in the sampler's buffer (valid until the next call); ``logits`` itself without a
+        bias. -inf + a finite logit is -inf: a banned token has probability 0 after any warp."""
+        bias = self._bias
+        if bias is None:
+            return logits
+        n = logits.size
+        if self._bias_buf.size < n:
+            self._bias_buf = np.empty(n, F32)
+        out = self._bias_buf[:n].reshape(logits.shape)
+        if logits.ndim == 1 and n <= self._n_vocab:  # one row (a draft's may be a prefix)
+            np.add(logits, bias[:n], out=out)
+        else:  # k + 1 full rows
+            np.add(logits.reshape(-1, self._n_vocab), bias, out=out.reshape(-1, self._n_vocab))
+        return out
+
+    def _unbiased(self, what: str) -> None:
+        """Raise ValueError when a compact call meets a biased sampler (speculative/device.py
+        reads full rows for a biased request)."""
+        if self._bias is not None:
+            raise ValueError(f"{what}: a sampler with a logit bias takes full rows only")
 
     @property
     def acceptance(self) -> AcceptanceParams:
@@ -228,6 +274,7 @@ class NativeSampler:
         check_logits_row(logits, self._n_vocab)
         check_probs_out(out, logits, self._n_vocab, "out")
         mask = row_mask_addr(allowed, self._n_vocab)
+        logits = self._biased(logits)
         st = _warp(addr(logits), logits.shape[0], self._n_vocab, mask, self._sp_p, addr(out),
                    self._work_p)
         if st != CG_OK:
@@ -246,7 +293,8 @@ class NativeSampler:
             EmptyMaskError: no allowed token has a finite logit.
         """
         check_logits_row(logits, self._n_vocab)
-        return self._warp_sample(logits, self._probs_p, allowed, self._sp_p, self._rng_p)
+        return self._warp_sample(self._biased(logits), self._probs_p, allowed, self._sp_p,
+                                 self._rng_p)
 
     def draft(self, logits: np.ndarray, probs_out: np.ndarray, *,
               allowed: np.ndarray | None = None) -> int:
@@ -271,7 +319,7 @@ class NativeSampler:
         """
         check_logits_row(logits, self._n_vocab)
         check_probs_out(probs_out, logits, self._n_vocab, "probs_out")
-        return self._warp_sample(logits, addr(probs_out), allowed, self._dsp_p,
+        return self._warp_sample(self._biased(logits), addr(probs_out), allowed, self._dsp_p,
                                  self._drafts_rng_p)
 
     def _warp_sample(self, logits: np.ndarray, probs_p: int, allowed: np.ndarray | None,
@@ -323,6 +371,7 @@ class NativeSampler:
         check_verifier_logits(verifier_logits, k, n_vocab)
         dp = draft_probs_addr(draft_probs, k, n_vocab)
         mask = step_mask_addr(allowed, k, n_vocab)
+        verifier_logits = self._biased(verifier_logits)
         st = _verify(
             dp, addr(draft_tokens), addr(verifier_logits), mask, k, n_vocab,
             self._sp_p, self._ap_p, self._rng_p, self._work_p, self._res_p,
@@ -369,6 +418,7 @@ class NativeSampler:
 
     def _compact_sample(self, logits: np.ndarray, probs_out: np.ndarray, sp_p: int,
                         rng_p: int) -> int:
+        self._unbiased("draft_compact / sample_compact")
         n = logits.shape[0] if isinstance(logits, np.ndarray) and logits.ndim == 1 else 0
         check_logits_row(logits, max(n, 1))
         check_probs_out(probs_out, logits, n, "probs_out")
@@ -390,6 +440,7 @@ class NativeSampler:
 
     def warp_compact_into(self, logits: np.ndarray, out: np.ndarray) -> None:
         """``warp_into`` (the request's warps) on a compact row: ``out`` float32 [n]."""
+        self._unbiased("warp_compact_into")
         n = logits.shape[0] if isinstance(logits, np.ndarray) and logits.ndim == 1 else 0
         check_logits_row(logits, max(n, 1))
         check_probs_out(out, logits, n, "out")
@@ -454,6 +505,7 @@ class NativeSampler:
             d_width = draft_ids.shape[1]
         elif draft_probs is not None:
             raise ValueError("draft_probs without draft_ids")
+        self._unbiased("verify_compact / verify_device")
         cap = (k + 1) * width + k * d_width + k
         w = self._compact
         if w is None or w.cap < cap or w.n_rows < k + 1 or w.width < width:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import time
 from typing import Any, Callable, ClassVar, Union
@@ -194,9 +195,11 @@ def response_fields(obj: dict, paths: list[str]) -> dict:
     return out
 
 
-def generation_settings(req, stream: bool = False) -> dict:
+def generation_settings(req, stream: bool = False, biases=()) -> dict:
     """llama-server's ``generation_settings`` (task_params::to_json) of a Request: its warps and
-    limits, and the samplers it does not have at the values that leave them off."""
+    limits, and the samplers it does not have at the values that leave them off. ``biases``: the
+    request's logit bias as (token id, bias) entries (Engine.logit_biases), a ban's -inf as
+    null (JSON has no infinity; llama-server's JSON writes null too)."""
     return {"seed": req.seed, "temperature": req.temperature, "top_k": req.top_k,
             "top_p": req.top_p, "min_p": req.min_p, "n_predict": req.n_predict,
             "max_tokens": req.n_predict, "stream": stream, "stop": list(req.stop),
@@ -206,7 +209,8 @@ def generation_settings(req, stream: bool = False) -> dict:
             "dynatemp_range": 0.0, "top_n_sigma": -1.0, "xtc_probability": 0.0,
             "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
             "frequency_penalty": 0.0, "dry_multiplier": 0.0, "mirostat": 0, "min_keep": 0,
-            "ignore_eos": False, "n_keep": 0, "grammar": req.grammar or "",
+            "ignore_eos": req.ignore_eos, "n_keep": 0, "grammar": req.grammar or "",
+            "logit_bias": [{"bias": None if math.isinf(b) else b, "token": t} for t, b in biases],
             "json_schema": json.loads(req.json_schema) if req.json_schema else None}
 
 
@@ -215,8 +219,8 @@ class _Completion:
     to_json_non_oaicompat), with this server's ``speculative`` block."""
 
     def __init__(self, body: LlamaCompletionRequest, req, model_id: str, prompt_text: str,
-                 n_prompt: int, speculative: Callable[[Any], dict]) -> None:
-        self.body, self.req, self.model_id = body, req, model_id
+                 n_prompt: int, speculative: Callable[[Any], dict], biases=()) -> None:
+        self.body, self.req, self.model_id, self.biases = body, req, model_id, biases
         self.prompt_text, self.n_prompt, self.speculative = prompt_text, n_prompt, speculative
         self.sent = 0  # tokens the partial objects carried
 
@@ -243,7 +247,8 @@ class _Completion:
                "tokens": list(result.tokens) if self.body.return_tokens and not streamed else [],
                "id_slot": 0, "stop": True, "model": self.model_id,
                "tokens_predicted": s.n_tokens, "tokens_evaluated": self.n_prompt,
-               "generation_settings": generation_settings(self.req, self.body.stream),
+               "generation_settings": generation_settings(self.req, self.body.stream,
+                                                          self.biases),
                "prompt": self.prompt_text, "has_new_line": "\n" in result.text,
                "truncated": False,  # no context shift: a prompt is never cut
                "stop_type": _stop_type(result, stopped_by),
@@ -306,10 +311,11 @@ async def _start(request: HttpRequest, body: LlamaCompletionRequest, req, prompt
                          lambda e: llama_error_of(e, state.redact, body))
     if isinstance(watch, Response):
         return watch
-    ids = job.prompt
+    ids, engine = job.prompt, state.worker.engine
     shape = _Completion(body, req, state.config.model_id,
-                        state.worker.engine.verifier.model.detokenize(ids, special=True),
-                        len(ids), lambda result: speculative_block(req, result))
+                        engine.verifier.model.detokenize(ids, special=True),
+                        len(ids), lambda result: speculative_block(req, result),
+                        engine.logit_biases(req))
     return job, watch, shape
 
 

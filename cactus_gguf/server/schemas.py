@@ -18,10 +18,12 @@ llama-server's own answer-changing fields: ``n_predict`` is its name of ``max_to
 limit); ``n_probs`` and ``post_sampling_probs`` ask for log-probabilities, as OpenAI's
 ``logprobs`` / ``top_logprobs`` do (logprobs.py); ``repeat_penalty``, ``typical_p``,
 ``mirostat``, ``dry_multiplier``, ``xtc_probability``, ``top_n_sigma``, ``dynatemp_range``,
-``ignore_eos``, ``min_keep``, ``n_cmpl``, ``n_indent`` and ``t_max_predict_ms`` (honoured by
+``min_keep``, ``n_cmpl``, ``n_indent`` and ``t_max_predict_ms`` (honoured by
 /infill), ``grammar_lazy``, ``timings_per_token``, ``return_progress``, ``lora`` and ``samplers``
 are not implemented and are refused unless they hold the value that changes nothing
-(repeat_penalty 1, mirostat 0, ignore_eos false, ...), which llama-server also treats as off.
+(repeat_penalty 1, mirostat 0, ...), which llama-server also treats as off. ``logit_bias`` and
+``ignore_eos`` are honoured: added to the verifier's and the draft's logits before the warps
+(docs/maths.md "Logit bias").
 
 Validation follows OpenAI's: types are strict (``"stream": "yes"``, ``"max_tokens": "3"`` or
 ``3.5`` are a 400, not coerced; an integer is a valid float), at most 4 stop strings, none empty,
@@ -107,7 +109,10 @@ class _Common(BaseModel):
     speculative: Union[Speculative, bool, None] = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    # llama-server's forms: {token: bias} or [[token, bias], ...], a token an id or text, a bias
+    # a number or false (banned); checked by the options table (options/values.py)
+    logit_bias: Union[dict[str, Any], list[Any], None] = None
+    ignore_eos: bool | None = None  # llama-server's: every end-of-generation token banned
     logprobs: Union[bool, int, None] = None
     response_format: ResponseFormat | None = None
     grammar: str | None = None  # llama-server's: GBNF text
@@ -157,7 +162,6 @@ _NEUTRAL = (
     ("xtc_probability", "0", _number(lambda v: v <= 0)),
     ("top_n_sigma", "-1", _number(lambda v: v <= 0)),
     ("dynatemp_range", "0", _number(lambda v: v <= 0)),
-    ("ignore_eos", "false", lambda v: v is False),
     ("min_keep", "0", _number(lambda v: v == 0)),
     ("n_cmpl", "1", _number(lambda v: v == 1)),
     ("n_indent", "0", _number(lambda v: v == 0)),  # honoured by /infill (fim.py), a field there
@@ -190,8 +194,6 @@ def unsupported(body: _Common) -> tuple[str, str] | None:
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(body, name):
             return name, f"{name} is not supported by this server (only 0)"
-    if body.logit_bias:
-        return "logit_bias", "logit_bias is not supported by this server"
     if isinstance(body, CompletionRequest):
         if body.echo:
             return "echo", "echo is not supported by this server"
@@ -269,7 +271,8 @@ def overrides(body: _Common) -> dict[str, Any]:
                              f"full context (as llama-server), got {body.n_predict}",
                              param="n_predict")
         out["n_predict"] = body.n_predict
-    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "cache_prompt"):
+    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "cache_prompt", "logit_bias",
+                 "ignore_eos"):
         value = getattr(body, name)
         if value is not None:
             out[name] = value

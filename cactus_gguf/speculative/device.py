@@ -61,9 +61,12 @@ def _say(reason: str, loud: bool) -> None:
                  "backend sampling: the full path (%s)", reason)
 
 
-def device_top_k(request, ver, drafter, *, logprobs: bool, grammar: bool) -> int:
+def device_top_k(request, ver, drafter, *, logprobs: bool, grammar: bool,
+                 biased: bool = False) -> int:
     """The request's top-K when its rows come from the device (``backend_sampling`` auto / on and
-    every condition above holds), else 0; says why not once per reason (``on``: a warning)."""
+    every condition above holds), else 0; says why not once per reason (``on``: a warning).
+    ``biased``: the request has a logit bias, which the device's top-K would not see (its rows
+    are then read in full and biased on the host: the bias is honoured, on the host)."""
     mode = getattr(request, "backend_sampling", "off")
     if mode == "off":
         return 0
@@ -72,6 +75,7 @@ def device_top_k(request, ver, drafter, *, logprobs: bool, grammar: bool) -> int
     why = ("top-k 0: the warps do not truncate the vocabulary" if k <= 0
            else "top-k + 1 not below the vocabulary size" if k + 1 >= ver.n_vocab
            else "a grammar" if grammar else "log-probabilities" if logprobs
+           else "a logit bias (the device's top-K does not see it)" if biased
            else "no backend sampling in this llama.cpp, a Vulkan build (its backend sampler "
                 "aborts), or a recurrent / remote verifier"
            if not ver.can_sample_on_device

@@ -57,7 +57,7 @@ from .policy import CostAwareDraftLength, FixedDraftLength, ForwardCosts
 from .scope import CodeScope, chat_opening, opens_chat_answer
 from .session import Chunk, Session
 from .step import run_step
-from .vocab import end_set, token_pieces
+from .vocab import bias_row, end_set, eog_ids, logit_biases, token_pieces
 
 __all__ = ["Engine", "Stream", "Chunk"]
 
@@ -223,6 +223,7 @@ class Engine:
         self._grammar_tokenizer = None  # llguidance's view of the vocabulary: on first use
         self._pieces: list[str] | None = None  # every id's text: on first use (protected ends)
         self._end_masks: dict[tuple[str, ...], np.ndarray] = {}  # packed end sets by stop strings
+        self._eogs: tuple[int, ...] | None = None  # end-of-generation ids: on first ignore_eos
         self._opening: str | None = None  # the text that opens a chat answer (scope.py)
 
     # -- lifetime ----------------------------------------------------------------------------------
@@ -407,9 +408,10 @@ class Engine:
         acceptance = acceptance_params(req, self._end_mask(req))
         seed = req.seed if req.seed >= 0 else secrets.randbits(32)
         drafter = self._make_drafter(req, seed) if acceptance is not None else None
+        bias = bias_row(self.logit_biases(req), ver.n_vocab)
         sampler = NativeSampler(ver.n_vocab, sampling_params(req),
                                 acceptance or AcceptanceParams(method="sps"), seed,
-                                draft_temp=req.draft_temp)
+                                draft_temp=req.draft_temp, logit_bias=bias)
         session = Session(tokens, req, seed, sampler, drafter, self._policy(req, drafter),
                           n_ctx=ver.n_ctx, constraint=self._constraint(req), should_stop=cancel)
         # how a draft model's tokens reached the verifier: None where draft_vocab does not apply
@@ -424,8 +426,23 @@ class Engine:
             session.logprobs = LogprobReader(sampler, req.n_probs, req.post_sampling_probs,
                                              ver.model.token_to_piece)
         session.device_top_k = device_top_k(req, ver, drafter, logprobs=req.n_probs is not None,
-                                            grammar=session.constraint is not None)
+                                            grammar=session.constraint is not None,
+                                            biased=bias is not None)
         return session
+
+    def logit_biases(self, req: Request) -> list[tuple[int, float]]:
+        """``req``'s logit bias as (token id, bias) entries on the verifier's vocabulary
+        (vocab.py, logit_biases: texts tokenized, ``ignore_eos``'s -inf on every
+        end-of-generation id, found once per engine); [] for none."""
+        if req.logit_bias is None and not req.ignore_eos:
+            return []
+        ver = self._live()
+        if req.ignore_eos:
+            with self._cache_lock:
+                if self._eogs is None:
+                    self._eogs = eog_ids(ver.model)
+        return logit_biases(ver.model, req.logit_bias, req.ignore_eos, self._eogs or (),
+                            ver.n_vocab)
 
     def _make_drafter(self, req: Request, seed: int):
         """The drafter ``req`` drafts with on this engine's models (factory.py)."""

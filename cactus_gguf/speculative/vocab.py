@@ -1,15 +1,20 @@
 """The vocabulary: do this draft's ids mean what the verifier's do (else the pair speculates through
-speculative/foreign.py), and which ids end an answer (the end set of protected ends)."""
+speculative/foreign.py), which ids end an answer (the end set of protected ends), and a request's
+logit bias as token ids (its texts tokenized, ``ignore_eos``'s bans)."""
 from __future__ import annotations
 
 from typing import Sequence
+
+import json
+import math
 
 import numpy as np
 
 from ..errors import InputError
 from ..llama import Model
 
-__all__ = ["VocabMismatchError", "first_difference", "token_pieces", "end_set"]
+__all__ = ["VocabMismatchError", "first_difference", "token_pieces", "end_set", "eog_ids",
+           "logit_biases", "bias_row"]
 
 
 def token_pieces(model: Model) -> list[str]:
@@ -33,6 +38,42 @@ def end_set(model: Model, pieces: Sequence[str], stops: Sequence[str], n_vocab: 
                 mask[t] = True
                 break
     return mask
+
+def eog_ids(model: Model) -> tuple[int, ...]:
+    """The end-of-generation ids of ``model`` (EOS, EOT and its other EOG tokens), ascending."""
+    return tuple(t for t in range(model.n_vocab) if model.is_eog(t))
+
+
+def logit_biases(model: Model, logit_bias: str | None, ignore_eos: bool, eogs: Sequence[int],
+                 n_vocab: int) -> list[tuple[int, float]]:
+    """A request's logit bias as (token id, bias) entries, in the order given, as llama-server
+    reads its ``logit_bias`` and ``ignore_eos`` fields (server-schema.cpp): an id key as it is
+    (an id outside [0, n_vocab) is skipped, as there), a text key tokenized without BOS or
+    special tokens, each of its tokens given the bias; a ban (false) is -inf; then, with
+    ``ignore_eos``, -inf on each of ``eogs`` (:func:`eog_ids`). ``logit_bias``: the Request's
+    JSON text (options/values.py, normalize_logit_bias) or None."""
+    out: list[tuple[int, float]] = []
+    for key, bias in json.loads(logit_bias) if logit_bias else ():
+        value = -math.inf if bias is False else float(bias)
+        ids = ([key] if isinstance(key, int)
+               else model.tokenize(key, add_special=False, parse_special=False))
+        out += [(t, value) for t in ids if 0 <= t < n_vocab]
+    if ignore_eos:
+        out += [(t, -math.inf) for t in eogs if t < n_vocab]
+    return out
+
+
+def bias_row(biases: Sequence[tuple[int, float]], n_vocab: int) -> np.ndarray | None:
+    """The row the sampler adds to every logits row (sampling/native.py): float32 [n_vocab], the
+    entries' biases summed per id (as llama.cpp's logit-bias sampler adds each entry in turn;
+    -inf wins over any finite sum), 0 elsewhere; None for no entry (nothing is added)."""
+    if not biases:
+        return None
+    row = np.zeros(n_vocab, dtype=np.float64)  # summed in float64, then one rounding
+    for token, bias in biases:
+        row[token] += bias
+    return row.astype(np.float32)
+
 
 # token attributes (llama.h enum llama_token_attr) that mark ids no text ever maps to
 _ATTR_UNUSED = 1 << 1
