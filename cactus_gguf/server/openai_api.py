@@ -24,6 +24,7 @@ from .core import Watch, not_ready, stream, submit
 from .fim import SuffixPlan
 from .http_errors import error, error_of
 from .logprobs import openai_chat, openai_completion
+from .native_api import generation_settings
 from .prompts import chat_prompt
 from .report import speculative_block, system_fingerprint, timings
 from .schemas import (ChatCompletionRequest, CompletionRequest, chat_format, chat_messages,
@@ -199,11 +200,35 @@ async def _generate(request: HttpRequest, body, chat: bool, choice, count: int) 
         return EventSourceResponse(openai_events(started, request, include_usage), ping=15,
                                    shutdown_grace_period=state.config.shutdown_grace + 5)
     job, shape = started.job, started.shape
+    engine = state.worker.engine
+
+    def answer(text, result) -> dict:
+        out = shape.response(text, result, job.stopped_by)
+        if body.verbose:  # llama-server's debug copy: the answer as /completion gives it
+            out["__verbose"] = verbose_object(engine, job, text, result, shape.model)
+        return out
+
     return await started.watch.answer(
-        lambda text, result: shape.response(text, result, job.stopped_by),
+        answer,
         lambda e: error_of(e, state.redact, body),
         # tool calls: parsed as the text comes, so a stop string in the content ends the job
         **({} if shape.tools is None else {"piece": lambda chunk: shape.tools.take(chunk.text)}))
+
+
+def verbose_object(engine, job: Job, text: str, result, model: str) -> dict:
+    """llama-server's ``__verbose`` of an OpenAI answer (``verbose: true``; its
+    to_json_non_oaicompat): the text, the prompt as the engine decoded it (a chat's rendered
+    template), the counts, the generation settings and the timings."""
+    prompt = job.prompt if isinstance(job.prompt, str) else \
+        engine.verifier.model.detokenize(list(job.prompt), special=True)
+    s = result.stats
+    return {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": True,
+            "model": model, "tokens_predicted": s.n_tokens, "tokens_evaluated": s.n_prompt_tokens,
+            "generation_settings": generation_settings(job.request, False,
+                                                       engine.logit_biases(job.request)),
+            "prompt": prompt, "has_new_line": "\n" in text, "truncated": False,
+            "tokens_cached": s.n_prompt_tokens + s.n_tokens,
+            "timings": timings(s)}
 
 
 async def _several(request: HttpRequest, body, chat: bool, choice, count: int) -> Response:

@@ -117,6 +117,7 @@ class _Common(BaseModel):
     response_format: ResponseFormat | None = None
     grammar: str | None = None  # llama-server's: GBNF text
     json_schema: Union[dict[str, Any], bool, None] = None  # llama-server's: a JSON Schema
+    verbose: bool | None = None  # llama-server's: the answer also carries __verbose (openai_api)
 
 
 class ChatCompletionRequest(_Common):
