@@ -11,7 +11,8 @@ import pytest
 
 from cactus_gguf.errors import InputError
 from cactus_gguf.sampling import reference
-from cactus_gguf.speculative.logprobs import top_ids
+from cactus_gguf.server.logprobs import llama_probs, openai_chat
+from cactus_gguf.speculative.logprobs import Alternative, TokenLogprob, top_ids
 
 from support.harness import make_engine
 
@@ -160,3 +161,16 @@ def test_logprobs_stop_with_the_text_before_a_stop_string(scripted, stop, text, 
     chunks = list(stream.chunks())
     assert [lp.piece for c in chunks for lp in c.logprobs] == pieces
     assert stream.result.logprobs == r.logprobs
+
+
+def test_a_lone_byte_of_a_longer_character_is_written_as_llama_server_writes_it():
+    """llama-server's token text for a one-byte piece of a multi-byte UTF-8 character is
+    ``byte: \\xNN``; ASCII and whole characters are their text; ``bytes`` is always exact."""
+    entries = [TokenLogprob(1, b"\xe2", -0.5, (Alternative(1, b"\xe2", -0.5),
+                                               Alternative(2, b"a", -1.0))),
+               TokenLogprob(3, "é".encode(), -0.25, ())]
+    chat = openai_chat(entries)["content"]
+    assert [e["token"] for e in chat] == ["byte: \\xe2", "é"]
+    assert chat[0]["bytes"] == [0xE2] and chat[1]["bytes"] == [0xC3, 0xA9]
+    assert [a["token"] for a in chat[0]["top_logprobs"]] == ["byte: \\xe2", "a"]
+    assert [e["token"] for e in llama_probs(entries, post_sampling=False)] == ["byte: \\xe2", "é"]

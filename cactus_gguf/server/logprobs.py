@@ -99,6 +99,11 @@ def _finite(x: float) -> float:
 
 
 def _text(piece: bytes) -> str:
+    """A token's text as llama-server writes it: a lone byte that is part of a longer UTF-8
+    character as ``byte: \\xNN`` (its hex), any other piece decoded (an invalid sequence as
+    U+FFFD; the ``bytes`` field always holds the exact bytes)."""
+    if len(piece) == 1 and piece[0] & 0x80:
+        return f"byte: \\x{piece[0]:x}"
     return piece.decode("utf-8", errors="replace")
 
 
