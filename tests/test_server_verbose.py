@@ -36,3 +36,22 @@ def test_verbose_adds_llama_servers_debug_object(server):
     r = httpx.post(server.url + "/v1/chat/completions",
                    json={"messages": messages, "verbose": "yes"}, timeout=60)
     assert r.status_code == 400
+
+
+def test_serve_v_gives_every_answer_its_debug_object(tmp_path):
+    """``serve -v`` is ``llama-server --verbose``: every OpenAI answer that is not streamed
+    carries ``__verbose`` (what llama.cpp's prefill tests read), unless the request says
+    ``verbose: false``."""
+    pair = tiny_chat_pair(tmp_path)
+    messages = [{"role": "user", "content": "best?"},
+                {"role": "assistant", "content": "The"}]  # a prefill: continued, as rendered
+    with serving(pair["ver"], pair["dft"], "-t", "1", "-c", "512", "-k", "4", "-v") as s:
+        prompt = httpx.post(s.url + "/apply-template", json={"messages": messages},
+                            timeout=60).json()["prompt"]
+        for verbose, carried in ((None, True), (False, False)):
+            body = {"messages": messages, "max_tokens": 2, "temperature": 0,
+                    **({} if verbose is None else {"verbose": verbose})}
+            got = httpx.post(s.url + "/v1/chat/completions", json=body, timeout=120).json()
+            assert ("__verbose" in got) is carried
+            if carried:
+                assert got["__verbose"]["prompt"] == prompt and prompt.endswith("The")

@@ -57,7 +57,7 @@ def serve(ctx: click.Context, verifier, draft, **_options) -> None:
     sleep = p["sleep_idle_seconds"]
     worker = Worker(lambda: planner.open_engine(plan.run, probe=True), max_queue=p["max_queue"],
                     sleep_idle=None if sleep == -1 else float(sleep))
-    server = _http_server(plan, worker, gcp)
+    server = _http_server(plan, worker, gcp, given(ctx).get("verbose", 0))
     addresses = [sock.getsockname()[:2] for sock in socks]
     worker.start()
     threading.Thread(target=_announce, args=(worker, server, plan.model_id, addresses),
@@ -120,7 +120,8 @@ def _gcp_compat(env: Mapping[str, str]) -> GcpCompat | None:
                      health_route=route("AIP_HEALTH_ROUTE", ""))
 
 
-def _http_server(plan: ServePlan, worker: Worker, gcp: GcpCompat | None) -> uvicorn.Server:
+def _http_server(plan: ServePlan, worker: Worker, gcp: GcpCompat | None,
+                 verbose: int = 0) -> uvicorn.Server:
     """The uvicorn server of the app over ``worker``, its requests defaulting to ``plan``'s. Its
     SIGINT / SIGTERM handler first shuts the engine's side down (waiting jobs refused, the
     running one given its grace)."""
@@ -135,7 +136,8 @@ def _http_server(plan: ServePlan, worker: Worker, gcp: GcpCompat | None) -> uvic
                           request_timeout=p["request_timeout"],
                           cors_origins=tuple(p["cors_origin"]),
                           slots=p["slots"], slot_save_path=p["slot_save_path"], ui=p["ui"],
-                          metrics=p["metrics"], aliases=plan.aliases, tags=plan.tags, gcp=gcp)
+                          metrics=p["metrics"], aliases=plan.aliases, tags=plan.tags, gcp=gcp,
+                          verbose=verbose > 0)
     app = create_app(worker, config)
 
     class Server(uvicorn.Server):

@@ -443,7 +443,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("verbose", int, 0, "`-v`: cactus-gguf's decisions on stderr (the draft length and "
            "why, drafting stopped, the rule and where its top gap applies, prefix reuse, the "
            "draft's vocabulary method, where each model's layers went); `-vv`: llama.cpp's log "
-           "too", ("-v", "--verbose"), scope="run", commands=_GEN, count=True,
+           "too; `serve -v`: every OpenAI answer that is not streamed also carries llama-server's "
+           "`__verbose` object, as `llama-server --verbose` (a request's `verbose` field decides "
+           "for itself)", ("-v", "--verbose"), scope="run", commands=_GEN, count=True,
            range=Range(lo=0)),
     Option("list_devices", bool, False, "print this llama.cpp build's backends and devices (with "
            "their memory) and the devices the verifier's and the draft's offloaded layers would "

@@ -78,6 +78,7 @@ class ServerConfig:
     ui: bool = True  # the chat page at / (--no-ui: 404)
     slot_save_path: str | None = None  # the folder of /slots' save and restore (None: refused)
     metrics: bool = False  # GET /metrics served (without --metrics: 501, as llama-server)
+    verbose: bool = False  # -v: OpenAI answers carry __verbose unless a request says (llama-server)
     aliases: tuple[str, ...] = ()  # every name of the model (--alias a,b,c), the id among them
     tags: tuple[str, ...] = ()  # --tags, listed on /models
     gcp: GcpCompat | None = None  # Vertex AI's prediction route (AIP_MODE=PREDICTION)

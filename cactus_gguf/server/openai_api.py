@@ -204,7 +204,8 @@ async def _generate(request: HttpRequest, body, chat: bool, choice, count: int) 
 
     def answer(text, result) -> dict:
         out = shape.response(text, result, job.stopped_by)
-        if body.verbose:  # llama-server's debug copy: the answer as /completion gives it
+        # llama-server's debug copy (the answer as /completion gives it): asked for, or serve -v
+        if body.verbose or (body.verbose is None and state.config.verbose):
             out["__verbose"] = verbose_object(engine, job, text, result, shape.model)
         return out
 
