@@ -11,7 +11,7 @@ from cactus_gguf.sampling import AcceptanceParams, NativeSampler, SamplingParams
 from cactus_gguf.sampling import reference
 from cactus_gguf.speculative import FixedDraftLength, NgramDrafter
 
-from support.harness import make_engine
+from support.harness import assert_one_line_error, make_engine, run_cli
 from support.stats import (ALPHA, chisquare_pvalue, decoder, first_position_dists,
                            first_token_histogram)
 
@@ -157,3 +157,81 @@ def test_draft_window_prefills_the_last_tokens_only_and_keeps_greedy_exact(tiny_
             assert held[:min(window, n_prompt - 1)] == dec.tokenize(prompt)[
                 max(0, n_prompt - 1 - window):n_prompt - 1]
             assert len(held) <= min(window, n_prompt - 1) + len(res.tokens) + 3
+
+
+# ------------------------------------------------------------------------------------------------
+# Synthetic acceptance (llama-server's --spec-synth-rates / --spec-synth-len, benchmarking only)
+# ------------------------------------------------------------------------------------------------
+
+def test_synthetic_rates_resolve_as_llama_server():
+    from cactus_gguf.speculative.drafters import SynthDrafter, synth_rates
+
+    assert synth_rates(None, None, 4) == ()
+    assert synth_rates("0.75,0.5625", None, 2) == (0.75, 0.5625)
+    assert synth_rates(None, 5.0, 4) == (1.0, 1.0, 1.0, 1.0)  # L = k + 1: every draft
+    assert synth_rates(None, 1.0, 3) == (0.0, 0.0, 0.0)  # L = 1: none
+    p = (np.sqrt(8.0) - 1.0) / 2.0  # p + p^2 = 1.75: L = 2.75 over two positions
+    assert synth_rates(None, 2.75, 2) == pytest.approx((p, p * p), abs=1e-12)
+    d = SynthDrafter(NgramDrafter(3, 1), (0.5, 0.25, 0.0), seed=1)
+    assert d.conditional == (0.5, 0.5, 0.0)  # c_i = r_i / r_{i-1}; 0 once a rate is 0
+
+
+def test_synthetic_acceptance_checks_its_values_before_loading(tmp_path):
+    from cactus_gguf.errors import InputError
+    from cactus_gguf.options import Request
+
+    assert Request(k=2, spec_synth_rates=[0.75, 0.5]).spec_synth_rates == "0.75,0.5"
+    for kw, words in [(dict(k=2, spec_synth_rates="0.5,0.7"), "must not increase"),
+                      (dict(k=2, spec_synth_rates="0.5,x"), "comma-separated numbers"),
+                      (dict(k=2, spec_synth_rates="1.5,1"), "within [0, 1]"),
+                      (dict(k=3, spec_synth_rates="0.5,0.5"), "k=3 of them, got 2"),
+                      (dict(k="auto", k_max=2, spec_synth_rates="1"), "k_max=2 of them, got 1"),
+                      (dict(k=2, spec_synth_len=3.5), "must be in [1, 3]"),
+                      (dict(k=2, spec_synth_len=0.5), "must be >= 1"),
+                      (dict(k=1, spec_synth_len=2.0, spec_synth_rates="1"), "not both")]:
+        with pytest.raises(InputError, match=None) as e:
+            Request(**kw)
+        assert words in str(e.value), (kw, str(e.value))
+    r = run_cli("run", str(tmp_path / "absent.gguf"), "-p", "x", "-k", "2",
+                "--spec-synth-rates", "0.5,0.9")
+    assert_one_line_error(r, "--spec-synth-rates", "must not increase")
+
+
+@pytest.mark.parametrize("method", ["greedy", "sps", "cactus"])
+def test_synthetic_rates_zero_refuse_every_draft_and_give_the_verifier_alone(tiny_pair, method):
+    """The drafts draw from their own stream (as under --method greedy: docs/behaviour.md "Same
+    seed with or without a draft"), so refusing every draft leaves the verifier alone's tokens."""
+    ver, dft = tiny_pair
+    prompt = "the cat sat on"
+    with make_engine(ver, method="none", **WARPS) as alone:
+        want = alone.generate(prompt, n_predict=24, seed=7).tokens
+    with make_engine(ver, dft, k=3, method=method, spec_synth_rates="0,0,0", **WARPS) as dec:
+        res = dec.generate(prompt, n_predict=24, seed=7)
+    assert res.tokens == want  # one uniform of the verifier's stream per token, as the verifier
+    assert res.stats.n_drafted > 0 and res.stats.n_accepted == 0
+
+
+def test_synthetic_rates_one_accept_every_draft_deterministically(tiny_pair):
+    ver, dft = tiny_pair
+    runs = []
+    with make_engine(ver, dft, k=4, method="greedy", temp=0.0,
+                     spec_synth_rates="1,1,1,1") as dec:
+        for _ in range(2):
+            res = dec.generate("the cat sat on", n_predict=32, seed=3)
+            runs.append((res.tokens, res.stats.n_drafted, res.stats.n_accepted))
+    tokens, n_drafted, n_accepted = runs[0]
+    assert runs[1] == runs[0]  # same seed, same coins
+    assert n_drafted > 0 and n_accepted == n_drafted  # whatever the verifier says
+    with make_engine(ver, dft, k=4, method="greedy", temp=0.0) as dec:
+        real = dec.generate("the cat sat on", n_predict=32, seed=3)
+    assert real.stats.n_accepted < real.stats.n_drafted  # the noisy draft is refused sometimes
+
+
+def test_synthetic_rates_deterministic_per_seed(tiny_pair):
+    ver, dft = tiny_pair
+    rates = ",".join(repr(0.75 ** (i + 1)) for i in range(4))
+    with make_engine(ver, dft, k=4, method="greedy", spec_synth_rates=rates, **WARPS) as dec:
+        a, b = (dec.generate("the cat sat on", n_predict=32, seed=11) for _ in range(2))
+    assert (a.tokens, a.stats.n_drafted, a.stats.n_accepted) == (
+        b.tokens, b.stats.n_drafted, b.stats.n_accepted)
+    assert 0 < a.stats.n_accepted < a.stats.n_drafted

@@ -128,6 +128,8 @@ class Request(_OptionRecord):
     draft_vocab: str = opt("draft_vocab")
     draft_min: int = opt("draft_min")
     draft_p_min: float = opt("draft_p_min")
+    spec_synth_rates: str | None = opt("spec_synth_rates")  # canonical "P0,P1,..." text
+    spec_synth_len: float | None = opt("spec_synth_len")
     temperature: float = opt("temperature")
     draft_temp: float | None = opt("draft_temp")  # None: the request's temperature
     top_k: int = opt("top_k")
@@ -226,6 +228,7 @@ def _check_request(r: Request) -> None:
         name = r.draft_ceiling_option
         raise InputError(f"{{draft_min}} must be in [0, {{{name}}}={r.draft_ceiling}], got "
                          f"{r.draft_min}", param="draft_min", options=(name,))
+    _check_synth(r)
     if r.ngram_min > r.ngram_max:
         raise InputError(f"n-gram sizes must satisfy {{ngram_min}} <= {{ngram_max}}, got "
                          f"{r.ngram_min} > {r.ngram_max}", param="ngram_min", options=("ngram_max",))
@@ -234,6 +237,27 @@ def _check_request(r: Request) -> None:
                          f"and {{draft_vocab}} {r.draft_vocab} drafts in another: set "
                          "{draft_window} 0", param="draft_window", options=("draft_vocab",))
     constraint_of(r)  # compiles (and caches) the grammar: a bad one is refused before any load
+
+
+def _check_synth(r: Request) -> None:
+    """llama-server's rules for synthetic acceptance: rates or a length, not both; one rate per
+    draft position up to the draft ceiling; a length in [1, ceiling + 1]."""
+    if r.spec_synth_rates is None and r.spec_synth_len is None:
+        return
+    name, n = r.draft_ceiling_option, r.draft_ceiling
+    if r.spec_synth_rates is not None and r.spec_synth_len is not None:
+        raise InputError("give {spec_synth_rates} or {spec_synth_len}, not both",
+                         param="spec_synth_len", options=("spec_synth_rates",))
+    if r.spec_synth_rates is not None:
+        count = r.spec_synth_rates.count(",") + 1
+        if count != n:
+            raise InputError(f"{{spec_synth_rates}} needs one rate per draft position, "
+                             f"{{{name}}}={n} of them, got {count}", param="spec_synth_rates",
+                             options=(name,))
+    elif r.spec_synth_len > n + 1:
+        raise InputError(f"{{spec_synth_len}} must be in [1, {n + 1}] ({{{name}}}={n} drafts "
+                         f"and the verifier's token), got {r.spec_synth_len:g}",
+                         param="spec_synth_len", options=(name,))
 
 
 CONSTRAINTS = ("grammar", "json_schema", "json_object")  # the Request fields that constrain output

@@ -12,9 +12,9 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import InputError
 from .values import _hosts, _names
-from .values import (_endpoints, _nonempty, _tensor_split, check_chat_template, check_template,
-                     normalize_json_schema, normalize_logit_bias, parse_endpoints,
-                     parse_tensor_split)
+from .values import (_endpoints, _nonempty, _synth_rates, _tensor_split, check_chat_template,
+                     check_template, normalize_json_schema, normalize_logit_bias,
+                     parse_endpoints, parse_tensor_split)
 
 __all__ = ["Range", "Option", "OPTIONS", "BY_NAME", "options_in", "default", "check_value",
            "markdown_table", "normalize_json_schema", "parse_endpoints", "parse_tensor_split",
@@ -320,6 +320,18 @@ OPTIONS: tuple[Option, ...] = (
            "probability below P, as llama.cpp", ("--draft-p-min",), applies=_SAMPLED_DRAFT,
            range=Range(lo=0.0, hi=1.0),
            metavar="P"),
+    Option("spec_synth_rates", str, None, "benchmarking only, as llama-server: accept draft "
+           "position i with unconditional probability P_i by a seeded coin, whatever the verifier "
+           "says (so the output is not the verifier's); after the first position refused, the "
+           "verifier's own sample. One rate per position up to the draft ceiling (`-k`, or "
+           "`--k-max` under `-k auto`), each in [0, 1], none above the one before",
+           ("--spec-synth-rates",), applies=_SPECULATING, optional=True, shown_default="off",
+           normalize=_synth_rates, metavar="P0,P1,..."),
+    Option("spec_synth_len", float, None, "benchmarking only, as llama-server: synthetic "
+           "acceptance (`--spec-synth-rates`) at rates p, p², p³, ... with p chosen so the mean "
+           "acceptance length, the verifier's token included, is L (in [1, draft ceiling + 1])",
+           ("--spec-synth-len",), applies=_SPECULATING, optional=True, shown_default="off",
+           range=Range(lo=1.0), metavar="L"),
     Option("temperature", float, 0.8, "temperature; 0 = greedy (acceptance is then exact match)",
            ("--temp",), range=Range(note="<= 0 = greedy, inf = uniform over the kept tokens"),
            recommend=True, metavar="T"),

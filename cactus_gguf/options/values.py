@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import InputError
 
-__all__ = ["normalize_json_schema", "parse_endpoints", "parse_tensor_split"]
+__all__ = ["normalize_json_schema", "parse_endpoints", "parse_tensor_split", "parse_synth_rates"]
 
 
 def check_template(value: Any, param: str = "chat_template_file") -> Any:
@@ -226,3 +226,32 @@ def _hosts(value: Any) -> Any:
             raise InputError(f"{{host}} {host!r} is a Unix socket: this server listens on TCP "
                              "addresses only", param="host")
     return value
+
+
+def parse_synth_rates(value: Any) -> tuple[float, ...]:
+    """llama-server's ``--spec-synth-rates P0,P1,...`` (text, or a list of numbers from a request
+    body) -> the rates: r_i = the probability that draft position i (0-based) is accepted,
+    unconditionally. Raises InputError (param spec_synth_rates) for a non-number, a rate that is
+    not finite or outside [0, 1], or a rate above the one before it (llama-server's rules)."""
+    name = "spec_synth_rates"
+    try:
+        items = value.split(",") if isinstance(value, str) else list(value)
+        rates = tuple(float(v) for v in items if not isinstance(v, bool))
+        if len(rates) != len(items):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise InputError(f"{{{name}}} must be comma-separated numbers (e.g. 0.8,0.6,0.4), got "
+                         f"{value!r}", param=name) from None
+    if not all(math.isfinite(r) and 0.0 <= r <= 1.0 for r in rates):
+        raise InputError(f"{{{name}}} must be finite and within [0, 1], got {value!r}", param=name)
+    if any(b > a for a, b in zip(rates, rates[1:])):
+        raise InputError(f"{{{name}}} must not increase from one position to the next (each is "
+                         f"the chance of reaching that position), got {value!r}", param=name)
+    return rates
+
+
+def _synth_rates(value: Any) -> Any:
+    """``--spec-synth-rates`` checked and written as canonical text (None stays None)."""
+    if value is None:
+        return None
+    return ",".join(repr(r) for r in parse_synth_rates(value))

@@ -81,6 +81,9 @@ def device_top_k(request, ver, drafter, *, logprobs: bool, grammar: bool,
            if not ver.can_sample_on_device
            else "the topk acceptance rule with accept-top-k above top-k"
            if request.speculates and request.method == "topk" and request.accept_top_k > k
+           else "synthetic acceptance (it samples the verifier's full row)"
+           if request.speculates and (request.spec_synth_rates is not None
+                                      or request.spec_synth_len is not None)
            else None)
     if why is None and drafter is not None:
         model = getattr(drafter, "model", drafter)  # a hybrid drafter's model

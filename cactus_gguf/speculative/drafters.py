@@ -1,5 +1,6 @@
 """Who proposes the draft tokens: the Drafter interface, the draft model, prompt lookup, and the
-hybrid of both (the verifier's MTP head: mtp.py; a draft with another vocabulary: foreign.py).
+hybrid of both (the verifier's MTP head: mtp.py; a draft with another vocabulary: foreign.py), and
+llama-server's synthetic acceptance around any of them (benchmarking only).
 
 A drafter proposes up to k tokens after the committed ones, as a Draft (draft.py), within the
 step's DraftPlan; the models draft through draft.py's one loop (SamplingDrafter); the engine's step
@@ -13,16 +14,21 @@ vocabulary size.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+import logging
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
 from ..llama import Context
 from ..sampling import NativeSampler
 from ..sampling.constraints import Constraint
+from ..sampling.rng import Rng
 from .draft import Draft, DraftPlan, SamplingDrafter
 
-__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "HybridDrafter"]
+__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "HybridDrafter", "SynthDrafter",
+           "synth_rates"]
+
+log = logging.getLogger("cactus_gguf.speculative.engine")
 
 
 class Drafter(Protocol):
@@ -220,3 +226,90 @@ class HybridDrafter:
 
     def rollback(self, n_keep: int) -> None:
         self.model.rollback(n_keep)
+
+
+def synth_rates(rates: str | None, length: float | None, n_max: int) -> tuple[float, ...]:
+    """The unconditional acceptance rates r_0 .. r_{n_max-1} of synthetic acceptance (llama-server's
+    ``--spec-synth-rates`` / ``--spec-synth-len``; options/records.py checked them): the rates as
+    given, or, for a mean acceptance length L (the verifier's token included), the geometric rates
+    r_i = p^(i+1) with p in [0, 1] solving  sum_{i=1..n_max} p^i = L - 1  (bisection: the sum
+    grows with p). () when neither is set."""
+    if rates is not None:
+        return tuple(float(r) for r in rates.split(","))
+    if length is None:
+        return ()
+    target = length - 1.0
+    if target >= n_max:  # L = n_max + 1: every draft accepted (p = 1; the sum's top)
+        p = 1.0
+    else:
+        lo, hi = 0.0, 1.0
+        for _ in range(64):  # 64 halvings: well below a float64 ulp of [0, 1]
+            mid = 0.5 * (lo + hi)
+            if sum(mid ** i for i in range(1, n_max + 1)) < target:
+                lo = mid
+            else:
+                hi = mid
+        p = 0.5 * (lo + hi) if target > 0.0 else 0.0  # L = 1: nothing accepted
+    return tuple(p ** (i + 1) for i in range(n_max))
+
+
+class SynthDrafter:
+    """llama-server's synthetic acceptance, for benchmarking the engine at chosen acceptance
+    rates: the wrapped drafter proposes as usual, and instead of the acceptance rule, seeded
+    coins decide how many drafts are accepted, whatever the verifier's rows say.
+
+    With rates r_0 .. r_{n-1} (``synth_rates``), draft position i is accepted, given that
+    position i - 1 was, with probability c_i = r_i / r_{i-1} (r_{-1} = 1; c_i = 0 once a rate is
+    0), so position i is reached with probability r_i. The coins stop at the first refusal, and
+    a drafted end-of-generation token is never accepted (it would end the answer early). The
+    step then emits the verifier's own sample at the first position not accepted (step.py), and
+    the drafts draw from their own stream (engine.py), so with every rate 0 the output is the
+    verifier alone's for the same seed; otherwise it is not the verifier's output at all: a
+    benchmark of speed, never of text.
+
+    The coins draw from a stream of their own (the request's seed, ``STREAM`` apart from the
+    verifier's), so the same seed gives the same acceptances.
+    """
+
+    STREAM = 0x5EC5_7A7E  # added to the seed: the coins' stream, apart from the samplers'
+
+    def __init__(self, inner: Drafter, rates: Sequence[float], seed: int) -> None:
+        self.inner = inner
+        self.rates = tuple(rates)
+        self.vocab_method, self.shared_v = inner.vocab_method, inner.shared_v
+        self.model = getattr(inner, "model", inner)  # what the step reads the draft's state from
+        prev, conditional = 1.0, []
+        for r in self.rates:
+            conditional.append(r / prev if prev > 0.0 else 0.0)
+            prev = r
+        self.conditional = tuple(conditional)  # c_i, float [n]
+        self._rng = Rng((seed + self.STREAM) % 2**64)
+        log.debug("synthetic acceptance (benchmarking only: the output is not the verifier's): "
+                    "rates %s", ", ".join(f"{r:.6g}" for r in self.rates))
+
+    def accepted(self, tokens: np.ndarray, is_eog: Callable[[int], bool]) -> int:
+        """How many of the drafted ``tokens`` (int32 [k], k <= len(rates)) the coins accept: the
+        first refused position, or k."""
+        for i, token in enumerate(tokens.tolist()):
+            if not self._rng.uniform() < self.conditional[i] or is_eog(token):
+                return i
+        return len(tokens)
+
+    def reset(self, prompt: Sequence[int], *, reuse: bool, lazy: bool = False) -> int | None:
+        return self.inner.reset(prompt, reuse=reuse, lazy=lazy)
+
+    def resync(self, committed: Sequence[int]) -> bool:
+        return self.inner.resync(committed)
+
+    def room(self, committed: Sequence[int]) -> int:
+        return self.inner.room(committed)
+
+    def why_no_room(self, committed: Sequence[int]) -> str:
+        return self.inner.why_no_room(committed)
+
+    def propose(self, committed: list[int], plan: DraftPlan, sampler: NativeSampler,
+                grammar: Constraint | None = None) -> Draft:
+        return self.inner.propose(committed, plan, sampler, grammar)
+
+    def rollback(self, n_keep: int) -> None:
+        self.inner.rollback(n_keep)

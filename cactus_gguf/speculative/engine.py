@@ -406,6 +406,11 @@ class Engine:
         check_speculation(req, drafters=self.drafters)  # a drafter these models run
         tokens = prompt_tokens(prompt, self.tokenize, ver.n_vocab, ver.n_ctx)
         acceptance = acceptance_params(req, self._end_mask(req))
+        if acceptance is not None and (req.spec_synth_rates or req.spec_synth_len):
+            # synthetic acceptance runs no rule (drafters.py SynthDrafter); under greedy's
+            # parameters the drafts draw from their own stream, so all-refusing coins leave the
+            # verifier alone's tokens whatever the method named
+            acceptance = dataclasses.replace(acceptance, method="greedy")
         seed = req.seed if req.seed >= 0 else secrets.randbits(32)
         drafter = self._make_drafter(req, seed) if acceptance is not None else None
         bias = bias_row(self.logit_biases(req), ver.n_vocab)

@@ -4,7 +4,8 @@ llama.cpp's ``common_speculative_init`` picks its drafter.
 ``ngram``: prompt lookup (drafters.py NgramDrafter); ``mtp``: the verifier's own next-token head
 (mtp.py); ``model``: the draft model (drafters.py ModelDrafter, or foreign.py ForeignDrafter when
 its vocabulary is not the verifier's and ``draft_vocab`` says how to cross); ``hybrid``: prompt
-lookup first, the draft model otherwise.
+lookup first, the draft model otherwise. Any of them under llama-server's synthetic acceptance
+(``spec_synth_rates`` / ``spec_synth_len``, benchmarking only): drafters.py SynthDrafter.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import logging
 from ..errors import InputError
 from ..options import Request
 from ..sampling import sampling_params
-from .drafters import HybridDrafter, ModelDrafter, NgramDrafter
+from .drafters import HybridDrafter, ModelDrafter, NgramDrafter, SynthDrafter, synth_rates
 from .foreign import ForeignDrafter
 from .mtp import MtpDrafter
 
@@ -31,6 +32,13 @@ def make_drafter(req: Request, seed: int, *, verifier, draft=None, mtp=None, pai
     The request was checked against the models (options/speculation.py ``check_speculation``: the
     head, or the draft model, its drafter needs is loaded). Raises InputError (a draft ceiling at
     or above the draft's n_batch; :func:`model_drafter`'s)."""
+    drafter = _drafter(req, seed, verifier=verifier, draft=draft, mtp=mtp, pair_vocab=pair_vocab,
+                       lock=lock)
+    rates = synth_rates(req.spec_synth_rates, req.spec_synth_len, req.draft_ceiling)
+    return SynthDrafter(drafter, rates, seed) if rates else drafter
+
+
+def _drafter(req: Request, seed: int, *, verifier, draft, mtp, pair_vocab, lock):
     if req.drafter == "ngram":
         return NgramDrafter(req.ngram_max, req.ngram_min)
     if req.drafter == "mtp":

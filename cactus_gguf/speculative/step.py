@@ -8,7 +8,8 @@ For committed tokens t_0 .. t_{L-1} (t_{L-1} pending in both contexts; glossary 
   verify:  one verifier decode of [t_{L-1}, d_1 .. d_k] with logits for all k+1 rows
            (float32 [k+1, V], read in place);
   accept:  the native helper returns AL and the residual / bonus token (a request that does not
-           speculate samples the verifier's row 0 instead);
+           speculate samples the verifier's row 0 instead; under synthetic acceptance, seeded
+           coins give AL and the verifier samples its row AL: drafters.py SynthDrafter);
   commit:  append d_1 .. d_AL and that token (with their log-probabilities, from the rows
            above, when the request asks: logprobs.py); fold the StepOutcome into the policy and the
            statistics; roll both KV caches back to (a prefix of) the committed tokens: the
@@ -17,6 +18,7 @@ For committed tokens t_0 .. t_{L-1} (t_{L-1} pending in both contexts; glossary 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -26,6 +28,7 @@ from ..stats import StepOutcome
 from .costs import SlowStepWatch
 from . import device
 from .draft import Draft, DraftPlan
+from .drafters import SynthDrafter
 from .session import Session
 
 __all__ = ["run_step"]
@@ -74,7 +77,7 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
     if session.drafter is not None and session.drafter.shared_v is not None:
         session.stats.add_coverage(_coverage(session, logits[0], session.drafter.shared_v))
     if verdict is None:
-        verdict = _accept(session, draft, logits)
+        verdict = _accept(session, draft, logits, ver.model.is_eog)
     n_acc = verdict.n_accepted
     if grammar is not None:
         grammar.commit(n_acc, verdict.next_token)  # drop the rejected drafts, advance by the token
@@ -162,15 +165,23 @@ def _accept_rows(session: Session, draft: Draft, ver: Context, top_k: int
     return device.verify_rows(session.sampler, draft, ver, top_k)
 
 
-def _accept(session: Session, draft: Draft, logits: np.ndarray) -> StepResult:
+def _accept(session: Session, draft: Draft, logits: np.ndarray,
+            is_eog: Callable[[int], bool]) -> StepResult:
     """The acceptance test of ``draft`` against the verifier's ``logits`` (float32
     [len(draft) + 1, V]); for a request that does not speculate, the verifier's own token from
-    row 0 (AL 0, nothing evaluated)."""
+    row 0 (AL 0, nothing evaluated). ``is_eog``: whether a token id ends a generation (a
+    synthetic coin never accepts one)."""
     grammar = session.constraint
     if not session.request.speculates:
         token = session.sampler.sample(
             logits[0], allowed=grammar.allowed(0) if grammar is not None else None)
         return StepResult(0, token, 0, 0.0, 0.0)
+    synth = session.drafter if isinstance(session.drafter, SynthDrafter) else None
+    if synth is not None and len(draft):  # llama-server's benchmark mode: coins, not the rule
+        n = synth.accepted(draft.tokens, is_eog)
+        token = session.sampler.sample(
+            logits[n], allowed=grammar.rows(len(draft))[n] if grammar is not None else None)
+        return StepResult(n, token, min(n + 1, len(draft)), 0.0, 0.0)
     if session.scope is not None:  # the top gap in code only: the rule of the text so far
         session.sampler.use_acceptance(session.scope.rule)
     return session.sampler.verify(
