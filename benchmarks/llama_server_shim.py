@@ -114,7 +114,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--mcp-servers-json": ("missing", "server-side MCP tools: not served"),
     "--ui-mcp-proxy": ("missing", "the web UI's MCP proxy: not served"),
     "--slot-save-path": ("missing", "slot save / restore (/slots?action=save): no such option"),
-    "--context-shift": ("missing", "context shift: serve ends a generation at a full context"),
+    "--context-shift": ("map", "--context-shift"),
     "--grp-attn-n": ("missing", "group attention (self-extend)"),
     "--grp-attn-w": ("missing", "group attention (self-extend)"),
     "-ctk": ("missing", "KV cache type: serve keeps llama.cpp's default f16"),

@@ -263,3 +263,37 @@ def test_a_cancel_stops_a_prompt_inside_its_chunk(tiny_pair):
         after = eng.generate(prompt, n_predict=8)
         fresh = eng.generate(prompt, n_predict=8, cache_prompt=False)
         assert after.tokens == fresh.tokens and len(after.tokens) == 8
+
+
+def test_context_shift_goes_on_past_a_full_context_as_the_verifier_alone(tmp_path):
+    """--context-shift (llama-server's): at n_ctx 256 a 600-token answer shifts three times
+    (keep BOS, discard half of the rest), and speculation (greedy and SpS at temperature 0) gives
+    the verifier alone's tokens under the same shifts; without it the answer stops at the full
+    context. Another generation reuses nothing past the kept BOS of a shifted cache."""
+    from cactus_gguf.options import LoadOptions, Request
+    from cactus_gguf.speculative import Engine
+    from support.tiny_gguf import EOS, write_llama
+
+    ver = write_llama(tmp_path / "v.gguf", seed=11, zero_output_rows=[EOS])  # never ends
+    dft = write_llama(tmp_path / "d.gguf", seed=11, noise=0.5, noise_seed=12,
+                      zero_output_rows=[EOS])
+    runs = {}
+    for method in ("none", "greedy", "sps"):
+        req = Request(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, method=method, k=4,
+                      n_predict=600)
+        load = LoadOptions(n_ctx=256, n_batch=64, n_threads=1, context_shift=True)
+        with Engine(ver, dft if method != "none" else None, load, defaults=req) as e:
+            r = e.generate("the cat sat on")
+            assert (len(r.tokens), r.stop_reason, r.stats.n_context_shifts) == (600, "length", 3)
+            assert e.verifier.n_past == 234  # 256 - 1 - 127 + 106 more
+            again = e.generate("the cat sat on", n_predict=1)
+            assert again.stats.n_prompt_tokens_reused == 1  # the kept BOS only
+        runs[method] = r.tokens
+    assert runs["greedy"] == runs["none"] and runs["sps"] == runs["none"]
+    load = LoadOptions(n_ctx=256, n_batch=64, n_threads=1)
+    with Engine(ver, None, load, defaults=req.replace(method="none")) as e:
+        r = e.generate("the cat sat on")
+    assert r.stop_reason == "length" and r.stats.n_context_shifts == 0 and len(r.tokens) < 256
+    # the same answer up to the first shift (the last token, sampled from the full context,
+    # comes after it with the shift)
+    assert r.tokens[:-1] == runs["none"][:len(r.tokens) - 1]

@@ -144,6 +144,9 @@ class Context(DeviceTopK):
         self.n_rs_seq: int = llama_cpp.llama_n_rs_seq(self.ptr) if self.recurrent else 0
         self._window = 0  # tokens at the end that seq_rm can drop exactly now (recurrent)
         self._checkpoints: list[_Checkpoint] = []  # ascending n_tokens, each a prefix of tokens
+        #: tokens past this many were computed beside tokens a context shift discarded (shift):
+        #: not what a prefill of ``tokens`` would hold, so never reused by another generation
+        self._fresh: int | None = None
         #: the K of the backend top-K sampler attached (set_device_top_k; 0: none, every decode
         #: returns full logits rows)
         self.device_top_k = 0
@@ -473,6 +476,8 @@ class Context(DeviceTopK):
     def _drop(self, n_keep: int) -> None:
         """Forget the tokens past ``n_keep`` and the checkpoints that held any of them."""
         del self.tokens[n_keep:]
+        if self._fresh is not None and self._fresh >= n_keep:
+            self._fresh = None
         while self._checkpoints and self._checkpoints[-1].n_tokens > n_keep:
             self._checkpoints.pop()
 
@@ -520,6 +525,7 @@ class Context(DeviceTopK):
         self.tokens.clear()
         self._checkpoints.clear()
         self._window = 0
+        self._fresh = None
 
     def save_file(self, path: str | os.PathLike[str]) -> int:
         """Write the cache (sequence 0: its KV cache and any recurrent state) and its tokens to
@@ -550,10 +556,39 @@ class Context(DeviceTopK):
         self.checkpoint()  # a recurrent state: the next request's prefix reuse restores it
         return int(n)
 
+    @property
+    def can_shift(self) -> bool:
+        """Whether :meth:`shift` is exact here: a KV cache llama.cpp can shift
+        (``llama_memory_can_shift``), no recurrent state."""
+        return not self.recurrent and bool(llama_cpp.llama_memory_can_shift(self.memory))
+
+    def shift(self, n_keep: int, n_discard: int) -> None:
+        """llama-server's context shift: drop positions ``n_keep .. n_keep + n_discard - 1`` and
+        move the later ones down by ``n_discard`` (``llama_memory_seq_rm`` then
+        ``llama_memory_seq_add``: RoPE re-rotates their keys), so ``tokens`` loses those ids and
+        decoding goes on at ``n_past``. The moved entries were computed beside the dropped
+        tokens, so another generation reuses at most the first ``n_keep`` (``shared_prefix``).
+        Raises InputError (out of range, or a cache that cannot shift: ``can_shift``),
+        DecodeError (llama.cpp refused the removal)."""
+        if not (0 <= n_keep and 0 < n_discard and n_keep + n_discard <= self.n_past):
+            raise InputError(f"shift needs 0 <= n_keep and 0 < n_discard with n_keep + n_discard "
+                             f"<= {self.n_past}, got {n_keep} and {n_discard}")
+        if not self.can_shift:
+            raise InputError(f"the KV cache of {self.model.path.name} cannot shift")
+        end = n_keep + n_discard
+        if not llama_cpp.llama_memory_seq_rm(self.memory, 0, n_keep, end):
+            raise DecodeError(f"llama_memory_seq_rm could not remove positions {n_keep} .. "
+                              f"{end - 1}")
+        llama_cpp.llama_memory_seq_add(self.memory, 0, end, self.n_past, -n_discard)
+        del self.tokens[n_keep:end]
+        self._window = 0
+        self._fresh = n_keep if self._fresh is None else min(self._fresh, n_keep)
+
     def shared_prefix(self, target: Sequence[int]) -> int:
-        """How many leading tokens of ``target`` the cache already holds."""
+        """How many leading tokens of ``target`` the cache already holds (as a prefill of them
+        would: never past a context shift's kept tokens)."""
         held, n = self.tokens, 0
-        limit = min(len(held), len(target))
+        limit = min(len(held), len(target), len(held) if self._fresh is None else self._fresh)
         while n < limit and held[n] == target[n]:
             n += 1
         return n

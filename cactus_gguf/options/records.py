@@ -194,6 +194,7 @@ class LoadOptions(_OptionRecord):
     _SCOPE: ClassVar[str] = "load"
 
     n_ctx: int = opt("n_ctx")
+    context_shift: bool = opt("context_shift")
     n_batch: int = opt("n_batch")
     n_threads: int | None = opt("n_threads")
     n_gpu_layers: int = opt("n_gpu_layers")

@@ -397,6 +397,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("n_ctx", int, 4096, "context size (KV cache, tokens) of both models; llama.cpp rounds it "
            "up to a multiple of 256; 0 = the model's own", ("-c", "--ctx-size"), scope="load",
            range=Range(lo=16, also=(0,), note="0 = the model's own"), metavar="N"),
+    Option("context_shift", bool, False, "when a generation fills the context, discard the older "
+           "half of it after the prompt's first token (BOS) and go on, as llama-server's "
+           "`--context-shift` (both KV caches shift; answers report `truncated`); refused for a "
+           "model with a recurrent state, whose cache cannot shift. Off: the generation stops "
+           "at a full context", ("--context-shift", "--no-context-shift"), scope="load"),
     Option("n_batch", int, 512, "most tokens per `llama_decode` (prompt processing is chunked)",
            ("-b", "--batch-size"), scope="load", range=Range(lo=1), metavar="N"),
     Option("n_threads", int, None, "CPU threads (1–512). On a machine busy with other work, fewer "

@@ -250,7 +250,8 @@ class _Completion:
                "generation_settings": generation_settings(self.req, self.body.stream,
                                                           self.biases),
                "prompt": self.prompt_text, "has_new_line": "\n" in result.text,
-               "truncated": False,  # no context shift: a prompt is never cut
+               # llama-server's truncated: a context shift discarded tokens (--context-shift)
+               "truncated": s.n_context_shifts > 0,
                "stop_type": _stop_type(result, stopped_by),
                "stopping_word": stopping_word(result),
                "tokens_cached": self.n_prompt + s.n_tokens, "timings": timings(s),

@@ -66,6 +66,10 @@ class Drafter(Protocol):
     def rollback(self, n_keep: int) -> None:
         """Forget state past the first ``n_keep`` committed tokens."""
 
+    # shift(n_keep, n_discard) -> bool, where a drafter has one: follow a context shift that
+    # dropped committed tokens n_keep .. n_keep + n_discard - 1 (step.py); False, or none, when it
+    # cannot (the verifier then decodes alone)
+
 
 class ModelDrafter(SamplingDrafter):
     """Drafts by sampling the draft GGUF autoregressively from its warped distribution p.
@@ -145,6 +149,17 @@ class ModelDrafter(SamplingDrafter):
         a recurrent draft may keep fewer: the next ``propose`` decodes the rest)."""
         self.ctx.forget(max(0, min(self.ctx.n_past, n_keep - self.offset)))
 
+    def shift(self, n_keep: int, n_discard: int) -> bool:
+        """The verifier's context shift on the draft's cache (the same positions; what it does
+        not hold yet it decodes later, as ever). False with a window (other positions)."""
+        if self.offset or not self.ctx.can_shift:
+            return False
+        if self.ctx.n_past >= n_keep + n_discard:
+            self.ctx.shift(n_keep, n_discard)
+        else:
+            self.ctx.forget(min(self.ctx.n_past, n_keep))
+        return True
+
 
 class NgramDrafter:
     """Prompt-lookup drafting: find the latest earlier occurrence of the last n committed tokens
@@ -187,6 +202,9 @@ class NgramDrafter:
     def rollback(self, n_keep: int) -> None:
         pass
 
+    def shift(self, n_keep: int, n_discard: int) -> bool:
+        return True  # it reads the committed tokens as they are
+
 
 class HybridDrafter:
     """Prompt lookup when the history holds a long enough match, the draft model otherwise (as
@@ -226,6 +244,9 @@ class HybridDrafter:
 
     def rollback(self, n_keep: int) -> None:
         self.model.rollback(n_keep)
+
+    def shift(self, n_keep: int, n_discard: int) -> bool:
+        return getattr(self.model, "shift", lambda *_: False)(n_keep, n_discard)
 
 
 def synth_rates(rates: str | None, length: float | None, n_max: int) -> tuple[float, ...]:
@@ -313,3 +334,6 @@ class SynthDrafter:
 
     def rollback(self, n_keep: int) -> None:
         self.inner.rollback(n_keep)
+
+    def shift(self, n_keep: int, n_discard: int) -> bool:
+        return getattr(self.inner, "shift", lambda *_: False)(n_keep, n_discard)

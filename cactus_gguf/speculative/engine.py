@@ -200,6 +200,13 @@ class Engine:
             except BaseException:
                 self.close()
                 raise
+        cannot = next((name for name, c in (("VERIFIER", self.verifier), ("DRAFT", self.draft))
+                        if c is not None and not c.can_shift), None)
+        if self.load_options.context_shift and cannot is not None:
+            self.close()  # llama-server turns it off there; here it is refused in one line
+            raise InputError(f"{{context_shift}} needs KV caches that can shift, and {cannot} "
+                             "keeps a recurrent state (or a cache llama.cpp cannot shift): drop "
+                             "{context_shift}", param="context_shift")
         if self.pair_vocab is not None:
             try:  # a pair the defaults' draft_vocab cannot use is refused now, not per request
                 method = self.pair_vocab.method_for(self.defaults.draft_vocab)
@@ -419,6 +426,7 @@ class Engine:
                                 draft_temp=req.draft_temp, logit_bias=bias)
         session = Session(tokens, req, seed, sampler, drafter, self._policy(req, drafter),
                           n_ctx=ver.n_ctx, constraint=self._constraint(req), should_stop=cancel)
+        session.context_shift = self.load_options.context_shift
         # how a draft model's tokens reached the verifier: None where draft_vocab does not apply
         # (no draft model: ngram, mtp), as every answer reports it (options/rule.py)
         session.stats.draft_vocab = (drafter.vocab_method if drafter is not None

@@ -104,6 +104,7 @@ class Session:
         #: seconds: prompt processing, not decoding (step.py moves it out of the step's time)
         self.late_prefill_seconds = 0.0
         self.scope = None  # a CodeScope when the top gap applies to code only (scope.py)
+        self.context_shift = False  # shift a full context instead of stopping (step.py _shift)
         self._chunked = 0  # emitted tokens handed out in chunks
 
     @property

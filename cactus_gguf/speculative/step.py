@@ -17,6 +17,7 @@ For committed tokens t_0 .. t_{L-1} (t_{L-1} pending in both contexts; glossary 
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
@@ -33,6 +34,8 @@ from .session import Session
 
 __all__ = ["run_step"]
 
+log = logging.getLogger("cactus_gguf.speculative.engine")
+
 
 def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[str]:
     """One draft-verify-accept-commit step of ``session`` on the verifier's context ``ver`` (which
@@ -42,11 +45,17 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
     # The verifier holds committed[:-1]; the batch adds the pending token plus k drafts,
     # so k <= n_ctx - len(committed). Below 0 not even the pending token fits.
     room = ver.n_ctx - len(committed)
+    if session.context_shift and room <= 0:  # full: shift, as llama-server does there
+        _shift(ver, session)
+        room = ver.n_ctx - len(committed)
     if room < 0:
         session.stop("length", f"context full (n_ctx={ver.n_ctx})")
         return []
-    # ... and the batch must fit one llama_decode: k <= n_batch - 1
-    plan = policy.plan(min(session.remaining - 1, room, ver.n_batch - 1))
+    # ... and the batch must fit one llama_decode: k <= n_batch - 1. Under a context shift the
+    # step ends at most at n_ctx committed tokens (k <= room - 1), so shifts happen where the
+    # verifier alone's would, and the output does not depend on the draft
+    margin = 1 if session.context_shift else 0
+    plan = policy.plan(min(session.remaining - 1, room - margin, ver.n_batch - 1))
     if grammar is not None:
         grammar.start(plan.k)  # row 0: the committed output's mask
     top_k = _on_device(ver, session)
@@ -109,6 +118,25 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
     if session.drafter is not None:
         session.drafter.rollback(keep)
     return pieces
+
+
+def _shift(ver: Context, session: Session) -> None:
+    """llama-server's context shift (``--context-shift``): keep the first n_keep committed tokens
+    (the BOS token when the model adds one), discard half of those after them that the verifier
+    holds, n_discard = floor((n_past - n_keep) / 2), from the verifier's cache, the draft's and
+    ``committed``; the rest moves down (Context.shift). A drafter that cannot follow stops."""
+    n_keep = min(ver.n_ctx - 4, 1 if ver.model.add_bos else 0)
+    n_left = ver.n_past - n_keep
+    n_discard = max(0, min(n_left // 2, n_left - 1))
+    if n_discard == 0:
+        return
+    ver.shift(n_keep, n_discard)
+    del session.committed[n_keep:n_keep + n_discard]
+    session.stats.n_context_shifts += 1
+    log.debug("context shift: n_keep %d, n_discard %d", n_keep, n_discard)
+    drafter = session.drafter
+    if drafter is not None and not getattr(drafter, "shift", lambda *_: False)(n_keep, n_discard):
+        session.stop_drafting("context shift: this drafter cannot follow one")
 
 
 def _propose(session: Session, plan: DraftPlan) -> Draft:

@@ -102,6 +102,7 @@ class GenerationStats:
     n_lookup_steps: int = 0
     n_draft_forwards: int = 0
     draft_stopped_at: int | None = None
+    n_context_shifts: int = 0
     draft_stop_reason: str = ""
     kl_sum: float = 0.0
     kl_max: float = 0.0

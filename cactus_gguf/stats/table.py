@@ -245,6 +245,9 @@ FIELDS: tuple[Field, ...] = (
     Field("draft_stopped_at", "tokens", "emitted tokens when the draft stopped drafting for the "
           "rest of the generation (null: it never did)", (J, SU, SP), fmt="d"),
     Field("draft_stop_reason", "", "why the draft stopped (empty: it did not)", (J, SU)),
+    Field("n_context_shifts", "", "context shifts (`--context-shift`): times the context filled "
+          "and the older half after the kept tokens was discarded (llama-server's `truncated`)",
+          (J,), fmt="d"),
     # --- divergences --------------------------------------------------------------------------
     Field("kl_sum", "nats", "Σ KL(h || q) over evaluated draft positions", (J, B)),
     Field("kl_max", "nats", "largest KL(h || q) of a draft position", (J, SP, B)),
