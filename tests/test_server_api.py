@@ -441,7 +441,7 @@ def test_native_endpoints_need_the_key_and_answer_llama_style(files):
 
 def test_llama_servers_fields_are_refused_on_the_openai_endpoints_too(server):
     for field, value in [("n_indent", 2), ("min_keep", 3), ("lora", [{"id": 0, "scale": 1}]),
-                         ("t_max_predict_ms", 100), ("timings_per_token", True)]:
+                         ("t_max_predict_ms", 100), ("grammar_lazy", True)]:
         r = post(server, "/v1/completions", {"prompt": "the cat", field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
     r = post(server, "/v1/completions", {"prompt": "the cat", "max_tokens": 2, "n_indent": 0,

@@ -134,6 +134,7 @@ class Context(DeviceTopK):
         self.n_batch: int = llama_cpp.llama_n_batch(self.ptr)
         self.tokens: list[int] = []
         self._should_stop = None  # interruptible(): asked between the n_batch chunks of a decode
+        self._progress = None  # interruptible(): told before each n_batch chunk of a decode
         #: called after each llama_decode with (its first position, its token count): the MTP
         #: drafter reads the verifier's hidden rows there (speculative/mtp.py)
         self.on_decode = None
@@ -295,15 +296,19 @@ class Context(DeviceTopK):
         return self.model.n_vocab
 
     @contextlib.contextmanager
-    def interruptible(self, should_stop):
+    def interruptible(self, should_stop, progress=None):
         """Within the block, a decode of more than ``n_batch`` tokens (a prompt) calls
         ``should_stop()`` before each chunk after the first and, when it is true, stops there with
-        DecodeCancelled (the chunks decoded so far stay in the cache, ``tokens`` says which)."""
-        previous, self._should_stop = self._should_stop, should_stop
+        DecodeCancelled (the chunks decoded so far stay in the cache, ``tokens`` says which).
+        ``progress(done, n)``, when given, is called before each chunk that is decoded (after
+        the stop check): ``done`` of the decode's ``n`` tokens are in the cache (0 before the
+        first chunk)."""
+        previous = self._should_stop, self._progress
+        self._should_stop, self._progress = should_stop, progress
         try:
             yield self
         finally:
-            self._should_stop = previous
+            self._should_stop, self._progress = previous
 
     def decode(self, tokens: Sequence[int], n_logits: int = 1, *, may_drop: int = 0
                ) -> np.ndarray:
@@ -343,6 +348,8 @@ class Context(DeviceTopK):
         for c0, c1 in zip(bounds, bounds[1:]):
             if c0 > 0 and self._should_stop is not None and self._should_stop():
                 raise DecodeCancelled(f"decode stopped after {c0} of {n} tokens")
+            if self._progress is not None:
+                self._progress(c0, n)
             chunk = tokens[c0:c1]
             m = len(chunk)
             self._b_token[:m] = chunk

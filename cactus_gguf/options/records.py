@@ -143,6 +143,8 @@ class Request(_OptionRecord):
     json_object: bool = opt("json_object")
     logit_bias: str | None = opt("logit_bias")  # also given as a dict or a list; kept as JSON
     ignore_eos: bool = opt("ignore_eos")
+    timings_per_token: bool = opt("timings_per_token")  # server: streamed chunks' timings
+    return_progress: bool = opt("return_progress")  # server: prompt_progress chunks
     cache_prompt: bool = opt("cache_prompt")
     n_probs: int | None = opt("n_probs")  # None: no log-probabilities
     post_sampling_probs: bool = opt("post_sampling_probs")

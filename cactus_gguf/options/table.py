@@ -381,6 +381,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("ignore_eos", bool, False, "ban every end-of-generation token (llama-server's "
            "`ignore_eos`: -inf logit biases): the answer ends at `n_predict`, a stop string or a "
            "full context", (), commands=frozenset()),
+    Option("timings_per_token", bool, False, "each streamed chunk carries llama-server's "
+           "`timings` as of that chunk (llama-server's `timings_per_token`; the last one "
+           "always does)", (), commands=frozenset()),
+    Option("return_progress", bool, False, "a stream reports prompt processing: a "
+           "`prompt_progress` chunk (`total`, `cache`, `processed`, `time_ms`) before each "
+           "`-b` chunk of the prompt and once it is processed (llama-server's "
+           "`return_progress`)", (), commands=frozenset()),
     Option("cache_prompt", bool, True, "reuse the longest common prefix of the KV caches from the "
            "previous request (llama-server's `cache_prompt`)", (), commands=frozenset()),
     Option("n_probs", int, None, "log-probabilities of each emitted token and of its N most likely "

@@ -145,12 +145,17 @@ async def submit(worker, job: Job, request: HttpRequest,
 async def stream(job: Job, request: HttpRequest, metrics, *,
                  chunk: Callable[[Any], Iterable[dict]], done: Callable[[Any], Iterable[dict]],
                  failed: Callable[[BaseException], Iterable[dict]],
-                 head: Iterable[dict] = ()) -> AsyncIterator[dict]:
-    """The SSE events of a started job (sse-starlette's dicts): ``head``, then ``chunk(c)`` for
-    each chunk, then ``done(result)``; ``failed(e)`` in place of ``done`` when the engine fails or
-    the server's shutdown cuts the reply (a ShuttingDownError, code ``server_shutdown``), so no
-    client takes a cut reply as complete. Counted in the metrics when it ends (module
-    docstring). Marks the request so that the guard middleware does not count it too."""
+                 head: Iterable[dict] = (),
+                 progress: Callable[[Any], Iterable[dict]] = lambda p: ()
+                 ) -> AsyncIterator[dict]:
+    """The SSE events of a started job (sse-starlette's dicts): ``head``, then ``progress(p)``
+    for each report of its prompt processing (the request's ``return_progress``: a
+    speculative.session.Progress), ``chunk(c)`` for each chunk (its ``stats`` set under
+    ``timings_per_token``), then ``done(result)``; ``failed(e)`` in place of ``done`` when the
+    engine fails or the server's shutdown cuts the reply (a ShuttingDownError, code
+    ``server_shutdown``), so no client takes a cut reply as complete. Counted in the metrics
+    when it ends (module docstring). Marks the request so that the guard middleware does not
+    count it too."""
     request.state.counted_by_stream = True
     status = "499"  # unless it gets to its end
     try:
@@ -160,6 +165,9 @@ async def stream(job: Job, request: HttpRequest, metrics, *,
             kind, payload = await job.events.get()
             if kind == "chunk":
                 for event in chunk(payload):
+                    yield event
+            elif kind == "progress":
+                for event in progress(payload):
                     yield event
             elif kind == "done":
                 if job.stopped_by == "shutdown":

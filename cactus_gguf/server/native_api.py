@@ -52,7 +52,7 @@ from ..options.rule import rule_of
 from .core import NotReadyError, not_ready, stream, submit
 from .http_errors import Refused, answering_route, llama_error, llama_error_of
 from .logprobs import llama_probs
-from .report import build_info, speculative_block, timings
+from .report import build_info, speculative_block, telemetry, timings
 from .prompts import chat_prompt
 from .schemas import ChatCompletionRequest, _Common, to_request
 from .worker import Job
@@ -210,6 +210,7 @@ def generation_settings(req, stream: bool = False, biases=()) -> dict:
             "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
             "frequency_penalty": 0.0, "dry_multiplier": 0.0, "mirostat": 0, "min_keep": 0,
             "ignore_eos": req.ignore_eos, "n_keep": 0, "grammar": req.grammar or "",
+            "timings_per_token": req.timings_per_token,
             "logit_bias": [{"bias": None if math.isinf(b) else b, "token": t} for t, b in biases],
             "json_schema": json.loads(req.json_schema) if req.json_schema else None}
 
@@ -238,6 +239,14 @@ class _Completion:
         if segments is not None:  # which characters came from accepted drafts, which from q
             out["speculative"] = {"segments": [[t, src] for t, src in segments]}
         return out
+
+    def progress(self, p) -> dict:
+        """The streamed event of a prompt-processing report ``p`` (``return_progress``): an
+        empty partial object with ``prompt_progress`` (and the ``timings`` so far under
+        ``timings_per_token``)."""
+        return {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0,
+                "tokens_predicted": 0, "tokens_evaluated": self.n_prompt,
+                **telemetry(self.req, progress=p)}
 
     def final(self, text: str, result, stopped_by: str, *, streamed: bool = False) -> dict:
         """The last object: everything (streamed: no content, tokens or probabilities, which
@@ -361,8 +370,9 @@ def _events(job: Job, request: HttpRequest, shape: _Completion, metrics, redact)
     """The SSE events of a streamed /completion: partial objects, the final one (no [DONE]);
     an error event in its place when the engine fails or the shutdown cuts the reply."""
 
-    def chunk(c):
-        yield {"data": json.dumps(shape.partial(c.text, c.tokens, c.logprobs, c.segments))}
+    def chunk(c):  # (its timings as of it under timings_per_token)
+        partial = shape.partial(c.text, c.tokens, c.logprobs, c.segments)
+        yield {"data": json.dumps({**partial, **telemetry(shape.req, chunk=c)})}
 
     def done(result):
         left = result.tokens[shape.sent:]  # tokens whose text no chunk released
@@ -371,6 +381,7 @@ def _events(job: Job, request: HttpRequest, shape: _Completion, metrics, redact)
         yield {"data": json.dumps(shape.final("", result, job.stopped_by, streamed=True))}
 
     return stream(job, request, metrics, chunk=chunk, done=done,
+                  progress=lambda p: [{"data": json.dumps(shape.progress(p))}],
                   failed=lambda e: [error_event(e, redact)])
 
 

@@ -26,7 +26,7 @@ from .http_errors import error, error_of
 from .logprobs import openai_chat, openai_completion
 from .native_api import generation_settings
 from .prompts import chat_prompt
-from .report import speculative_block, system_fingerprint, timings
+from .report import speculative_block, system_fingerprint, telemetry, timings
 from .schemas import (ChatCompletionRequest, CompletionRequest, chat_format, chat_messages,
                       completion_prompts, to_request)
 from .tools import ToolPlan
@@ -111,10 +111,13 @@ async def start(request: HttpRequest, body, prompt, chat: bool, plan=None) -> St
 
 
 def openai_events(started: Started, request: HttpRequest, include_usage: bool):
-    """The SSE events of a streamed OpenAI answer: the role chunk, the chunks, the last chunk
-    (its ``finish_reason``, ``speculative`` and ``timings``), the usage chunk when asked, then
-    ``[DONE]``; an error event before ``[DONE]`` when the engine fails or the shutdown cuts the
-    reply (code ``server_shutdown``), so that no client takes it as complete."""
+    """The SSE events of a streamed OpenAI answer: the role chunk, the ``prompt_progress``
+    chunks when asked (``return_progress``), the chunks (each with its ``timings`` under
+    ``timings_per_token``), the last chunk (its ``finish_reason``, ``speculative`` and
+    ``timings``), the usage chunk when asked (with the ``timings`` too, as llama-server's last
+    chunk), then ``[DONE]``; an error event before ``[DONE]`` when the engine fails or the
+    shutdown cuts the reply (code ``server_shutdown``), so that no client takes it as
+    complete."""
     job, shape, state = started.job, started.shape, request.app.state
 
     def data(obj) -> dict:
@@ -130,8 +133,8 @@ def openai_events(started: Started, request: HttpRequest, include_usage: bool):
         return [error_event(e, state.redact), DONE]
 
     return stream(job, request, state.metrics, head=[data(shape.chunk(role=True))],
-                  chunk=lambda c: [data(shape.chunk(text=c.text, segments=c.segments,
-                                                    logprobs=c.logprobs))],
+                  chunk=lambda c: [data(shape.text_chunk(c))],
+                  progress=lambda p: [data(shape.progress_chunk(p))],
                   done=done, failed=failed)
 
 
@@ -148,15 +151,17 @@ async def start_chat(request: HttpRequest, chat: ChatCompletionRequest) -> Start
 def converted_stream(started: Started, request: HttpRequest, head: list[dict],
                      chunk: Callable[[dict], list[dict]],
                      end: Callable[[dict, Any], list[dict]],
-                     failed: Callable[[BaseException, Callable[[str], str]], list[dict]]):
-    """Another API's stream over a started chat job: ``head``, then ``chunk(c)`` of each OpenAI
-    chunk, ``end(last_chunk, result)`` of the last one, ``failed(e, redact)`` in its place when
-    the engine fails or the shutdown cuts the reply (core.stream)."""
+                     failed: Callable[[BaseException, Callable[[str], str]], list[dict]],
+                     progress: Callable[[dict], list[dict]] = lambda p: []):
+    """Another API's stream over a started chat job: ``head``, then ``progress(chunk)`` of each
+    OpenAI ``prompt_progress`` chunk (``return_progress``), ``chunk(c)`` of each OpenAI chunk,
+    ``end(last_chunk, result)`` of the last one, ``failed(e, redact)`` in its place when the
+    engine fails or the shutdown cuts the reply (core.stream)."""
     job, shape, state = started.job, started.shape, request.app.state
     return EventSourceResponse(
         stream(job, request, state.metrics, head=head,
-               chunk=lambda c: chunk(shape.chunk(text=c.text, segments=c.segments,
-                                                 logprobs=c.logprobs)),
+               chunk=lambda c: chunk(shape.text_chunk(c)),
+               progress=lambda p: progress(shape.progress_chunk(p)),
                done=lambda result: end(shape.chunk(result=result, stopped_by=job.stopped_by),
                                        result),
                failed=lambda e: failed(e, state.redact)),
@@ -346,5 +351,23 @@ class _Shape:
             out["speculative"] = self.speculative(result)
         return out
 
+    def text_chunk(self, c) -> dict:
+        """The chunk of an engine Chunk ``c``: its text, sources, log-probabilities, and its
+        ``timings`` under ``timings_per_token``."""
+        return {**self.chunk(text=c.text, segments=c.segments, logprobs=c.logprobs),
+                **telemetry(self.request, chunk=c)}
+
+    def progress_chunk(self, p) -> dict:
+        """llama-server's chunk of a prompt-processing report ``p`` (``return_progress``): an
+        empty choice (a chat's the role delta, as llama-server repeats it) with
+        ``prompt_progress``, and the ``timings`` so far under ``timings_per_token``."""
+        choice = {"index": 0, "delta": {"role": "assistant", "content": None},
+                  "finish_reason": None} if self.chat else \
+            {"index": 0, "text": "", "finish_reason": None, "logprobs": None}
+        return {**self._head(True), "choices": [choice], **telemetry(self.request, progress=p)}
+
     def usage_chunk(self, result) -> dict:
-        return {**self._head(True), "choices": [], "usage": self.usage(result)}
+        """The usage chunk: no choice, the ``usage`` and, as on llama-server's last chunk, the
+        ``timings``."""
+        return {**self._head(True), "choices": [], "usage": self.usage(result),
+                "timings": timings(result.stats)}

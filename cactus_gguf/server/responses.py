@@ -16,6 +16,10 @@ events (``response.created``, ``response.output_item.added``, ``response.output_
 ``response.function_call_arguments.delta`` / ``.done``, ``response.output_item.done``,
 ``response.completed``; ``error`` when the engine fails or the shutdown cuts the reply), each with
 its ``sequence_number``. This server's ``speculative`` block rides along on the response.
+llama-server's stream telemetry passes through: ``return_progress`` adds a
+``response.in_progress`` event with ``prompt_progress`` per report of the prompt's processing,
+``timings_per_token`` the ``timings`` on each chunk's last event; ``response.completed`` always
+carries the ``timings``, as llama-server's.
 
 Refused with a 400 rather than ignored, as llama-server does: ``previous_response_id`` (no
 response is stored: send the whole conversation as ``input``), image and file inputs, tools other
@@ -65,6 +69,8 @@ class ResponsesRequest(BaseModel):
     truncation: Literal["auto", "disabled"] | None = None
     speculative: Any = None
     seed: int | None = None
+    timings_per_token: bool | None = None  # llama-server's stream telemetry (chat bodies')
+    return_progress: bool | None = None
 
 
 def _parts_text(content, field: str) -> str:
@@ -133,7 +139,8 @@ def chat_body(body: ResponsesRequest) -> dict:
     out: dict[str, Any] = {"messages": messages, "stream": body.stream, **given(
         model=body.model, max_tokens=body.max_output_tokens, temperature=body.temperature,
         top_p=body.top_p, seed=body.seed, speculative=body.speculative,
-        parallel_tool_calls=body.parallel_tool_calls)}
+        parallel_tool_calls=body.parallel_tool_calls, timings_per_token=body.timings_per_token,
+        return_progress=body.return_progress)}
     if body.tools:
         tools = []
         for i, tool in enumerate(body.tools):
@@ -246,7 +253,21 @@ class _Reply:
                            output_index=index, content_index=0, part=part),
                 self.event("response.output_item.done", output_index=index, item=item)]
 
+    def progress(self, openai_chunk: dict) -> list[dict]:
+        """A ``prompt_progress`` chunk (``return_progress``) as llama-server sends it here: a
+        ``response.in_progress`` event with the report (and the ``timings`` when asked)."""
+        return [self.event("response.in_progress", response=self.response("in_progress"),
+                           **_telemetry(openai_chunk))]
+
     def chunk(self, openai_chunk: dict) -> list[dict]:
+        out = self._chunk(openai_chunk)
+        extra = _telemetry(openai_chunk)
+        if out and extra:  # llama-server's place for them: the chunk's last event
+            data = json.loads(out[-1]["data"])
+            out[-1] = {**out[-1], "data": json.dumps({**data, **extra})}
+        return out
+
+    def _chunk(self, openai_chunk: dict) -> list[dict]:
         out: list[dict] = []
         if not openai_chunk.get("choices"):
             return out
@@ -281,16 +302,22 @@ class _Reply:
         return out
 
     def end(self, last_chunk: dict, result) -> list[dict]:
-        out = self.chunk(last_chunk) + self._end_text()
+        out = self._chunk(last_chunk) + self._end_text()
         finish = last_chunk["choices"][0]["finish_reason"]
         status = "incomplete" if finish == "length" else "completed"
         out.append(self.event(f"response.{status}", response=self.response(
-            status, finish, result, last_chunk.get("speculative"))))
+            status, finish, result, last_chunk.get("speculative")),
+            timings=last_chunk["timings"]))
         return out
 
     def error(self, e: BaseException, redact) -> list[dict]:
         return [self.event("error", code=getattr(e, "code", None) or "server_error",
                            message=redact(str(e)), param=getattr(e, "param", None))]
+
+
+def _telemetry(openai_chunk: dict) -> dict:
+    """llama-server's telemetry an OpenAI chunk carries (``timings``, ``prompt_progress``)."""
+    return {k: openai_chunk[k] for k in ("timings", "prompt_progress") if k in openai_chunk}
 
 
 @router.post("/v1/responses")
@@ -304,7 +331,7 @@ async def responses(body: ResponsesRequest, request: HttpRequest):
     reply = _Reply(body, state.config.model_id)
     if body.stream:
         return converted_stream(started, request, reply.start(), reply.chunk, reply.end,
-                                reply.error)
+                                reply.error, reply.progress)
     return await started.watch.answer(
         lambda text, result: reply.whole(shape.response(text, result, job.stopped_by), result),
         lambda e: error_of(e, state.redact))

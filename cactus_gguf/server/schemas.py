@@ -19,11 +19,12 @@ limit); ``n_probs`` and ``post_sampling_probs`` ask for log-probabilities, as Op
 ``logprobs`` / ``top_logprobs`` do (logprobs.py); ``repeat_penalty``, ``typical_p``,
 ``mirostat``, ``dry_multiplier``, ``xtc_probability``, ``top_n_sigma``, ``dynatemp_range``,
 ``min_keep``, ``n_cmpl``, ``n_indent`` and ``t_max_predict_ms`` (honoured by
-/infill), ``grammar_lazy``, ``timings_per_token``, ``return_progress``, ``lora`` and ``samplers``
+/infill), ``grammar_lazy``, ``lora`` and ``samplers``
 are not implemented and are refused unless they hold the value that changes nothing
 (repeat_penalty 1, mirostat 0, ...), which llama-server also treats as off. ``logit_bias`` and
 ``ignore_eos`` are honoured: added to the verifier's and the draft's logits before the warps
-(docs/maths.md "Logit bias").
+(docs/maths.md "Logit bias"); so are the stream telemetry fields ``timings_per_token`` and
+``return_progress`` (core.py).
 
 Validation follows OpenAI's: types are strict (``"stream": "yes"``, ``"max_tokens": "3"`` or
 ``3.5`` are a 400, not coerced; an integer is a valid float), at most 4 stop strings, none empty,
@@ -113,6 +114,9 @@ class _Common(BaseModel):
     # a number or false (banned); checked by the options table (options/values.py)
     logit_bias: Union[dict[str, Any], list[Any], None] = None
     ignore_eos: bool | None = None  # llama-server's: every end-of-generation token banned
+    # llama-server's stream telemetry: each chunk's timings, prompt_progress chunks
+    timings_per_token: bool | None = None
+    return_progress: bool | None = None
     logprobs: Union[bool, int, None] = None
     response_format: ResponseFormat | None = None
     grammar: str | None = None  # llama-server's: GBNF text
@@ -168,8 +172,6 @@ _NEUTRAL = (
     ("n_indent", "0", _number(lambda v: v == 0)),  # honoured by /infill (fim.py), a field there
     ("t_max_predict_ms", "0 or -1", _number(lambda v: v <= 0)),  # as n_indent
     ("grammar_lazy", "false", lambda v: v is False),
-    ("timings_per_token", "false", lambda v: v is False),
-    ("return_progress", "false", lambda v: v is False),
     ("lora", "[]", lambda v: v == []),
 )
 
@@ -273,7 +275,7 @@ def overrides(body: _Common) -> dict[str, Any]:
                              param="n_predict")
         out["n_predict"] = body.n_predict
     for name in ("temperature", "top_p", "top_k", "min_p", "seed", "cache_prompt", "logit_bias",
-                 "ignore_eos"):
+                 "ignore_eos", "timings_per_token", "return_progress"):
         value = getattr(body, name)
         if value is not None:
             out[name] = value

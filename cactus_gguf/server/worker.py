@@ -18,6 +18,7 @@ use of it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import queue
@@ -56,7 +57,9 @@ class Job:
 
     ``events`` receives ("started", None) (after ``prepare``, when given), then ("chunk",
     Chunk) ..., then ("done", GenerationResult) or ("error", exception), on the event loop that
-    created the job.
+    created the job; with the request's ``return_progress``, ("progress", Progress) events
+    while its prompt is processed (between "started" and the first chunk); with its
+    ``timings_per_token``, each Chunk carries its ``stats``.
     ``stopped_by``: why it ended early ("cancelled": the client left, "timeout", "shutdown"),
     else "".
     """
@@ -307,10 +310,16 @@ class Worker:
         if job.prepare is not None:
             job.prompt, job.request = job.prepare(self.engine)
         prompt = self.engine.format_chat(job.prompt) if job.chat else job.prompt
-        stream = self.engine.stream(prompt, job.request, cancel=job.should_stop)
+        req = job.request
+        # llama-server's stream telemetry, only when asked: ("progress", Progress) events while
+        # the prompt is processed; each chunk's statistics as of its step
+        progress = (lambda p: job.put("progress", p)) if req.return_progress else None
+        stream = self.engine.stream(prompt, req, cancel=job.should_stop, progress=progress)
         job.put("started", None)
         for chunk in stream.steps():
             if chunk is not None:
+                if req.timings_per_token:
+                    chunk = dataclasses.replace(chunk, stats=stream.stats_so_far())
                 job.put("chunk", chunk)
             if job.should_stop():  # (a prompt cut short by it ends the stream too)
                 job.stopped_by = job.cancel_reason if job.cancelled.is_set() else "timeout"

@@ -55,7 +55,7 @@ from .loading import load_pair
 from .logprobs import LogprobReader
 from .policy import CostAwareDraftLength, FixedDraftLength, ForwardCosts
 from .scope import CodeScope, chat_opening, opens_chat_answer
-from .session import Chunk, Session
+from .session import Chunk, Progress, Session
 from .step import run_step
 from .vocab import bias_row, end_set, eog_ids, logit_biases, token_pieces
 
@@ -121,6 +121,10 @@ class Stream(Iterator[str]):
 
     def close(self) -> None:
         self._chunks.close()
+
+    def stats_so_far(self):
+        """The generation's statistics as they stand now (Session.stats_so_far)."""
+        return self._session.stats_so_far()
 
     def partial(self, reason: str = "interrupted") -> GenerationResult:
         """The result so far of a generation that was cut short (an exception, a Ctrl-C, an
@@ -368,11 +372,15 @@ class Engine:
 
     def stream(self, prompt: str | Sequence[int], request: Request | None = None, *,
                wait: bool = True, cancel: Callable[[], bool] | None = None,
+               progress: Callable[[Progress], None] | None = None,
                **overrides) -> Stream:
         """Like :meth:`generate`, as an iterator of text pieces (a :class:`Stream`; its ``result``
         is set once exhausted). Arguments are checked here; the engine is taken per step, so
-        other callers may run between two pieces. ``wait`` applies to the first step."""
+        other callers may run between two pieces. ``wait`` applies to the first step.
+        ``progress``: called with a :class:`Progress` as the prompt is processed (before each
+        ``n_batch`` chunk, then once it is all in the caches), in the thread that iterates."""
         session = self._begin(prompt, self.request(request, **overrides), cancel)
+        session.progress = progress
         return Stream(self._chunks(session, wait), session)
 
     def chat(self, messages: Sequence[dict], request: Request | None = None, **kwargs
@@ -564,13 +572,21 @@ class Engine:
         prompt = session.prompt
         stop = session.should_stop or (lambda: False)
         abort = None
+        report, reported = session.progress, []
+
+        def chunk_progress(done: int, n: int) -> None:  # before each chunk of the verifier's
+            cache = len(prompt) - 1 - n  # decode of prompt[:-1]: those not decoded were reused
+            reported.append(done)
+            report(Progress(len(prompt), cache, cache + done, time.perf_counter() - t0))
         log.debug("processing a prompt of %d tokens", len(prompt))
         try:  # a cancel is seen between n_batch chunks (a long prompt takes many) and, on a CPU,
             # inside one (llama.cpp's abort callback: llama/abort.py)
             with contextlib.ExitStack() as interruptible:
                 for c in (self.verifier, self.draft):
                     if c is not None:
-                        interruptible.enter_context(c.interruptible(stop))
+                        interruptible.enter_context(c.interruptible(
+                            stop, chunk_progress if report is not None and c is self.verifier
+                            else None))
                 if session.should_stop is not None:
                     abort = interruptible.enter_context(abortable((self.verifier, self.draft),
                                                                   stop))
@@ -593,6 +609,11 @@ class Engine:
                 raise
             cancelled = True  # stopped inside a chunk: that decode call was rolled back
         session.stats.prefill_seconds = time.perf_counter() - t0
+        if report is not None and not cancelled:  # the prompt is in the caches
+            cache = session.stats.n_prompt_tokens_reused
+            if not reported:  # nothing was decoded: the first report, from the cache alone
+                report(Progress(len(prompt), cache, cache, session.stats.prefill_seconds))
+            report(Progress(len(prompt), cache, len(prompt), session.stats.prefill_seconds))
         session.policy.prompt_processed(session.stats.prefill_seconds,
                                         _draft_behind(session.drafter))
         log.debug("prompt of %d tokens: %d reused from the verifier's cache, %d from the draft's",

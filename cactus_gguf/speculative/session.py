@@ -9,6 +9,7 @@ it resumes another one).
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from ..prompting.text import TextStream
 from .drafters import Drafter
 from .policy import DraftPolicy
 
-__all__ = ["Session", "Chunk", "tokens_within"]
+__all__ = ["Session", "Chunk", "Progress", "tokens_within"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,23 @@ class Chunk:
     segments: tuple[tuple[str, str], ...]
     tokens: tuple[int, ...] = ()
     logprobs: tuple = ()
+    #: the generation's statistics as of this chunk (:meth:`Session.stats_so_far`), when the
+    #: caller asked for them (the server's ``timings_per_token``), else None
+    stats: GenerationStats | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Prompt processing so far (llama-server's ``prompt_progress``): of the prompt's ``total``
+    tokens, ``cache`` were reused from the KV cache and ``processed`` (reused included) are in
+    it; ``seconds`` since prompt processing began. The last report has ``processed`` =
+    ``total``: the prompt's last token, which the first verification batch decodes, counts as
+    processed once the rest is (the draft's prompt included)."""
+
+    total: int
+    cache: int
+    processed: int
+    seconds: float
 
 
 class Session:
@@ -105,6 +123,9 @@ class Session:
         self.late_prefill_seconds = 0.0
         self.scope = None  # a CodeScope when the top gap applies to code only (scope.py)
         self.context_shift = False  # shift a full context instead of stopping (step.py _shift)
+        #: called with a Progress before each n_batch chunk of the prompt and once it is
+        #: processed (engine.py _prefill), when the caller asked (the server's return_progress)
+        self.progress: Callable[[Progress], None] | None = None
         self._chunked = 0  # emitted tokens handed out in chunks
 
     @property
@@ -169,6 +190,15 @@ class Session:
         done, self._chunked = self._chunked, len(self.out_tokens)
         return Chunk(text, tuple(self.text.take_segments()), tuple(self.out_tokens[done:]),
                      tuple(self.token_logprobs[done:self.n_text_tokens]))
+
+    def stats_so_far(self) -> GenerationStats:
+        """A copy of the statistics as they stand between two steps: the tokens emitted so far
+        and the decoding time until now (what :meth:`finish` sets at the end; once it has run,
+        the final figures)."""
+        stats = dataclasses.replace(self.stats, n_tokens=len(self.out_tokens))
+        if self.started and self.result is None:
+            stats.decode_seconds = time.perf_counter() - self.t_start - self.late_prefill_seconds
+        return stats
 
     def finish(self) -> list[str]:
         """Close the generation: release the held text and build ``result``."""
