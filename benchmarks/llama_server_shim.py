@@ -26,6 +26,11 @@ same policy, not the same headers: for ``*`` llama-server also sends
 credentialed any-origin policy is one the operator should ask for by name), so the tests that
 read those headers still fail for that reason, not for a missing translation.
 
+Acceptance: llama-server's speculation accepts a draft token when the verifier's own sample
+is that token (the draft never touches the verifier's random numbers), which is serve's
+``--method greedy``; the shim serves every test with it, so a seed gives the tokens of the
+verifier alone, as llama-server's tests expect (test_speculative's with-and-without-draft).
+
 Google Vertex AI's environment (``AIP_MODE=PREDICTION``, ``AIP_HTTP_PORT``, ...) reaches serve
 as it is: serve reads it as llama-server does.
 
@@ -232,6 +237,7 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
             remote.append(value)
     if "--cors-origin" not in out:  # llama-server's default: any origin (the text above)
         out += ["--cors-origin", "*"]
+    out += ["--method", "greedy"]  # llama-server's acceptance rule (the text above)
     if model is None and not remote:
         needs("(no model)", "the model router: llama-server started without a model")
     if model is not None and Path(model).is_file():
