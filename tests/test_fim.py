@@ -172,6 +172,25 @@ def test_infill_streams_llama_servers_events(server):
     assert "".join(e["content"] for e in events) == whole["content"]
 
 
+def test_infill_streams_llama_servers_telemetry(server):
+    """``return_progress``: an empty partial with ``prompt_progress`` before each ``-b`` chunk
+    of the prompt and once it is processed; ``timings_per_token``: each event's timings."""
+    with httpx.stream("POST", server.url + "/infill", timeout=60,
+                      json={**VSCODE, "stream": True, "n_indent": 0, "t_max_predict_ms": 0,
+                            "cache_prompt": False, "seed": 5, "return_progress": True,
+                            "timings_per_token": True}) as r:
+        assert r.status_code == 200
+        events = [json.loads(e) for e in sse_events(r)]
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    total = events[-1]["tokens_evaluated"]
+    assert progress[0]["processed"] == progress[0]["cache"] == 0
+    assert progress[-1]["processed"] == total and len(progress) >= 2
+    text = [e for e in events[:-1] if e["content"]]
+    assert text and all(e["timings"]["prompt_n"] == total for e in text)
+    predicted = [e["timings"]["predicted_n"] for e in text]
+    assert predicted == sorted(predicted) and 0 < predicted[-1]
+
+
 def test_a_warm_up_request_fills_the_cache_and_answers_nothing(server):
     warm = {**VSCODE, "input_prefix": "class A:\n", "input_suffix": "", "n_predict": 0,
             "samplers": [], "t_max_predict_ms": 1}

@@ -48,7 +48,7 @@ from .core import stream, submit
 from .http_errors import llama_error_of
 from .native_api import (LlamaRoute, _not_ready, _stop_type as completion_stop_type,
                          stopping_word, error_event, generation_settings, response_fields)
-from .report import speculative_block, timings
+from .report import speculative_block, telemetry, timings
 from .schemas import _Common, completion_prompt, to_request
 from .worker import Job
 
@@ -307,15 +307,19 @@ async def infill(body: InfillRequest, request: HttpRequest):
         return "" if job.stopped_by == "limit" else job.stopped_by
 
     if body.stream:
-        def chunk(c):
+        def chunk(c):  # (its timings as of it under timings_per_token)
             piece = take(c)
-            return [{"data": json.dumps(shape.partial(piece))}] if piece else []
+            return [{"data": json.dumps({**shape.partial(piece), **telemetry(req, chunk=c)})}] \
+                if piece else []
 
         def done(result):
             return [{"data": json.dumps(shape.final("", result, limits, stopped(job)))}]
 
+        def progress(p):  # return_progress: llama-server's empty partial with prompt_progress
+            return [{"data": json.dumps({**shape.partial(""), **telemetry(req, progress=p)})}]
+
         return EventSourceResponse(
-            stream(job, request, metrics, chunk=chunk, done=done,
+            stream(job, request, metrics, chunk=chunk, done=done, progress=progress,
                    failed=lambda e: [error_event(e, redact)]),
             ping=15, shutdown_grace_period=config.shutdown_grace + 5)
     return await watch.answer(lambda text, result: shape.final(text, result, limits, stopped(job)),
