@@ -80,6 +80,16 @@ def test_a_jinja_template_has_loop_controls_and_todays_date_as_llama_server_give
         f"Book {today:%d %b %Y} / {today:%b %d %Y}"  # e.g. "Book 07 Dec 2026 / Dec 07 2026"
 
 
+def test_a_null_or_undefined_beside_a_string_joins_as_the_empty_string_as_llama_cpp():
+    # Firefunction v2's template adds `functions` (llama-cpp-python gives it None) and, in
+    # llama.cpp, anything no one defines: llama.cpp's Jinja engine reads the null as ""
+    t = ("{{ 'Tools:' + functions + '.' }}{{ nothing + '!' }}{% for m in messages %}"
+         "{{ ' ' + m.content }}{% endfor %} {{ [1] + [2] }}")
+    assert apply_template(t, BOOK, bos="", eos="") == "Tools:.! Book What is the best book [1, 2]"
+    with pytest.raises(TypeError):  # anything else added to a string still fails
+        apply_template("{{ 'a' + 1 }}", BOOK, bos="", eos="")
+
+
 @pytest.fixture(scope="module")
 def ver(tmp_path_factory):
     return write_llama(tmp_path_factory.mktemp("templates") / "ver.gguf", seed=11,

@@ -3,7 +3,9 @@
 (``--chat-template chatml``, ``llama3``, ``command-r``, ...: llama.cpp's own C++ formatters,
 ``llama_chat_apply_template``, as llama-server uses them without ``--jinja``); and the thinking
 switch ``enable_thinking`` a template is given (``--reasoning``). A Jinja template is also given
-today's date (``date_string``, ``datetime``), as llama-server gives it.
+today's date (``date_string``, ``datetime``), as llama-server gives it, and ``+`` reads a null or
+undefined beside a string as the empty string, as llama.cpp's Jinja engine does (Firefunction
+v2's template adds ``functions``, which nobody gives it).
 
 ``--reasoning`` (llama-server's ``-rea``): ``on`` renders every template with
 ``enable_thinking`` true, ``off`` with it false, ``auto`` with it true only where the template
@@ -45,11 +47,44 @@ def apply_template(template: str, messages: Sequence[dict], *, bos: str, eos: st
     template's own errors propagate (the callers name the field at fault)."""
     if is_builtin(template):
         return _apply_builtin(template, messages, add_generation_prompt)
+    formatter = _formatter(template, eos, bos, add_generation_prompt)
+    return formatter(messages=list(messages), **{**today(), **variables}).prompt
+
+
+@functools.lru_cache(maxsize=8)  # a server renders its one template, compiled once
+def _formatter(template: str, eos: str, bos: str, add_generation_prompt: bool):
+    """llama-cpp-python's Jinja2ChatFormatter (its sandbox, filters and extensions), its template
+    compiled in an environment whose ``+`` joins a string and a null or undefined value as
+    llama.cpp's Jinja engine does (the null taken as "", where Jinja2 raises)."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos,
-                                    add_generation_prompt=add_generation_prompt)
-    return formatter(messages=list(messages), **{**today(), **variables}).prompt
+    class Environment(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"+"})
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "+" and isinstance(left, str) and _null(right):
+                return left
+            if operator == "+" and isinstance(right, str) and _null(left):
+                return right
+            return super().call_binop(context, operator, left, right)
+
+    def _null(value) -> bool:
+        return value is None or isinstance(value, jinja2.Undefined)
+
+    class Formatter(Jinja2ChatFormatter):
+        def __init__(self, template: str, **kw: Any) -> None:
+            super().__init__(template, **kw)
+            env = self._environment.environment  # the sandbox as llama-cpp-python set it up
+            ours = Environment(loader=env.loader, trim_blocks=env.trim_blocks,
+                               lstrip_blocks=env.lstrip_blocks,
+                               extensions=[type(e) for e in env.extensions.values()])
+            ours.filters.update(env.filters)
+            self._environment = ours.from_string(template)
+
+    return Formatter(template, eos_token=eos, bos_token=bos,
+                     add_generation_prompt=add_generation_prompt)
 
 
 def today() -> dict[str, str]:
