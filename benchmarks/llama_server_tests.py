@@ -174,15 +174,6 @@ FAILURES: dict[str, tuple[str, ...]] = {
     "test_compat_anthropic.py::test_anthropic_messages_streaming": (
         FIELD, "message_start's usage.input_tokens is 0 (llama-server: the prompt's tokens)",
         '0 > 0'),
-    "test_compat_anthropic.py::test_anthropic_tool_use_basic": (
-        BEHAVIOUR, "tools with a chat template that never reads them (ChatML, llama-server's "
-        "fallback for stories260K) are a 400 (llama-server: its generic tool-call format)", '400'),
-    "test_compat_anthropic.py::test_anthropic_tool_streaming": (
-        BEHAVIOUR, "tools with a template that never reads them are a 400 (as above)",
-        'tool support'),
-    "test_compat_anthropic.py::test_anthropic_streaming_content_block_indices": (
-        BEHAVIOUR, "tools with a template that never reads them are a 400 (as above)",
-        'tool support'),
     "test_compat_anthropic.py::test_anthropic_empty_messages": (
         BEHAVIOUR, "an empty messages list is a 400 (llama-server: served)", '400'),
     "test_compat_anthropic.py::test_anthropic_thinking": (

@@ -31,12 +31,11 @@ def test_the_convention_comes_from_the_template():
     assert tool_format(LLAMA3_TEMPLATE).kind == "llama3"
     assert tool_format(HERMES_TEMPLATE, lambda t: t == "<tool_call>") == \
         ToolFormat("hermes", special_open=True, special_close=False)
-    with pytest.raises(InputError, match="no tool support") as e:
-        tool_format(CHAT_TEMPLATE)
-    assert e.value.param == "tools"
-    # prose that mentions tools is not a template that reads them
-    with pytest.raises(InputError, match="no tool support"):
-        tool_format("{% for m in messages %}{{ m.content }} (tools <tool_call>){% endfor %}")
+    # a template that never reads tools (prose that mentions them does not count): generic
+    assert tool_format(CHAT_TEMPLATE).kind == "generic"
+    assert tool_format("{% for m in messages %}{{ m.content }} (tools <tool_call>){% endfor %}"
+                       ).kind == "generic"
+    assert tool_format("chatml").kind == "generic"  # a built-in template by name
     with pytest.raises(InputError, match="parses Qwen / Hermes"):
         tool_format("{% if tools %}[TOOLS]{{ tools | tojson }}{% endif %}")
     with pytest.raises(InputError, match="no chat template"):
@@ -498,8 +497,163 @@ def test_tool_choice_null_is_auto_and_a_tool_without_parameters_takes_none(serve
                 for t in r.choices[0].message.tool_calls] == [("ping", "{}")]
 
 
-def test_a_template_without_tools_is_a_400(files):
-    with LiveServer(files["plain"], "-t", "1", "--method", "none") as s:
-        with pytest.raises(openai.BadRequestError, match="no tool support"):
-            ask(client(s))
-    assert s.returncode == 0
+# ---- the generic format: a template that never reads tools -------------------------------------
+
+GENERIC_PROMPT = (
+    "These tools are available, one per line as JSON:\n"
+    '{"name": "set_unit", "description": "units", "parameters": {"type": "object", "properties": '
+    '{"unit": {"enum": ["c", "f"]}, "loud": {"type": "boolean"}}, "required": ["unit", "loud"], '
+    '"additionalProperties": false}}\n'
+    '{"name": "beep", "parameters": {"type": "object", "properties": {"n": {"enum": [1, 2, 3]}}, '
+    '"required": ["n"], "additionalProperties": false}}\n\n'
+    "Reply with a single JSON object and nothing else: ")
+GENERIC_MANY = ('{"tool_calls": [{"name": "<tool>", "arguments": {<its arguments>}}, ...]} to '
+                'call one or more of them, or {"response": "<your answer>"} to answer the user '
+                "directly.")
+GENERIC_ONE = ('{"tool_call": {"name": "<tool>", "arguments": {<its arguments>}}} to call one, '
+               'or {"response": "<your answer>"} to answer the user directly.')
+
+
+def test_a_template_without_tools_gets_the_generic_system_message_and_history():
+    fmt = tool_format(CHAT_TEMPLATE)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "set it"},
+                {"role": "assistant", "content": "", "tool_calls": [{
+                    "id": "call_1", "type": "function",
+                    "function": {"name": "set_unit", "arguments": '{"unit": "f", "loud": false}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "done"}]
+    text = render_with_tools(CHAT_TEMPLATE, messages, TOOLS, bos="<s>", eos="</s>", fmt=fmt)
+    assert text == (
+        "system: Be brief.\n\n" + GENERIC_PROMPT + GENERIC_MANY + "\n"
+        "user: set it\n"
+        'assistant: {"tool_calls": [{"name": "set_unit", "arguments": {"unit": "f", '
+        '"loud": false}}]}\n'
+        'user: {"tool_result": {"name": "set_unit", "tool_call_id": "call_1", '
+        '"content": "done"}}\n'
+        "assistant:")
+    # no system message: the tools' one opens the chat; one call at a time: its own shape
+    text = render_with_tools(CHAT_TEMPLATE, messages[1:2], TOOLS, bos="<s>", eos="</s>",
+                             fmt=fmt, parallel=False)
+    assert text == "system: " + GENERIC_PROMPT + GENERIC_ONE + "\nuser: set it\nassistant:"
+    # a template that refuses a system turn: the tools' message opens the first user turn
+    strict = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}"
+              "{% endif %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+    text = render_with_tools(strict, messages[1:2], TOOLS, bos="<s>", eos="</s>", fmt=fmt)
+    assert text == "user: " + GENERIC_PROMPT + GENERIC_MANY + "\n\nset it\nassistant:"
+
+
+GENERIC_A = '{"name": "set_unit", "arguments": {"unit": "c", "loud": true}}'
+GENERIC_B = '{"name": "beep", "arguments": {"n": 2}}'
+
+
+def test_the_generic_grammar_forces_the_json_shape():
+    fmt = ToolFormat("generic")
+    many = '{"tool_calls": [' + GENERIC_A + ", " + GENERIC_B + "]}"
+    one = '{"tool_call": ' + GENERIC_B + "}"
+    answer = '{"response": "Hi {there}"}'
+    auto = tool_grammar(fmt, TOOLS, "auto")
+    assert _walk(auto, many) and _walk(auto, answer) and _walk(auto, answer + "\n")
+    assert not _walk(auto, one)  # parallel calls: the list
+    assert not _walk(auto, "Hi there")  # text: only inside a response
+    assert not _walk(auto, '{"tool_calls": []}')  # at least one call
+    assert not _walk(auto, many.replace('"c"', '"k"'))  # the arguments validate
+    assert not _walk(auto, many.replace("beep", "reboot"))  # a tool's name
+    assert not _walk(auto, '{"response": "a", "tool_calls": [' + GENERIC_B + "]}")
+    single = tool_grammar(fmt, TOOLS, "auto", parallel=False)
+    assert _walk(single, one) and _walk(single, answer) and not _walk(single, many)
+    required = tool_grammar(fmt, TOOLS, "required")
+    assert _walk(required, many) and not _walk(required, answer)
+    named = tool_grammar(fmt, TOOLS, {"type": "function", "function": {"name": "beep"}})
+    assert _walk(named, '{"tool_calls": [' + GENERIC_B + "]}") and not _walk(named, many)
+    none = tool_grammar(fmt, TOOLS, "none")
+    assert _walk(none, answer) and not _walk(none, many)
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_generic_replies_parse_into_calls_and_content(size):
+    fmt = ToolFormat("generic")
+    many = '{"tool_calls": [\n  ' + GENERIC_A + ",\n  " + GENERIC_B + "\n]}\n"
+    pieces, calls = _parse_in_pieces(fmt, many, size)
+    assert "".join(pieces) == ""
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("set_unit", '{"unit": "c", "loud": true}'), ("beep", '{"n": 2}')]
+    _, calls = _parse_in_pieces(fmt, '{"tool_call": ' + GENERIC_B + "}", size)
+    assert [(c.name, c.arguments) for c in calls] == [("beep", '{"n": 2}')]
+    # a response is the content, decoded (escapes, a surrogate pair split anywhere)
+    answer = '{"response": "Say \\"hi\\"\\n\\ud83d\\ude00 {x}"}'
+    pieces, calls = _parse_in_pieces(fmt, answer, size)
+    assert calls == [] and "".join(pieces) == 'Say "hi"\n\U0001F600 {x}'
+    if size == 1:  # streamed as the string grows, not held to the end
+        assert sum(1 for p in pieces if p) > 5
+    # what is not a generic reply stays text
+    for text in ["Just text.", '{"x": 1}', '{"tool_calls": [{"name": "beep", "arguments": '
+                 '{"n": 9}}]}']:
+        pieces, calls = _parse_in_pieces(fmt, text, size)
+        assert calls == [] and "".join(pieces) == text, text
+    # cut short: the response so far, the whole calls before the cut
+    p = ToolCallParser(fmt, TOOLS)
+    assert p.feed('{"response": "Half an ans') == ("Half an ans", [])
+    assert p.finish(cut=True) == ("", [])
+    p = ToolCallParser(fmt, TOOLS)
+    content, calls = p.feed('{"tool_calls": [' + GENERIC_B + ', {"name": "set_')
+    assert content == "" and [c.name for c in calls] == ["beep"]
+    assert p.finish(cut=True) == ("", [])
+    # cut before any call was whole: the reply's text, not an empty answer
+    p = ToolCallParser(fmt, TOOLS)
+    assert p.feed('{"tool_calls": [{"name": "be') == ("", [])
+    assert p.finish(cut=True) == ('{"tool_calls": [{"name": "be', [])
+    # a stop string ends the response's text
+    p = ToolCallParser(fmt, TOOLS, stops=["hi"])
+    assert p.feed(answer) == ('Say "', []) and p.stopped
+
+
+@pytest.fixture(scope="module")
+def generic(files):
+    with serving(files["plain"], files["plain"], "-t", "1", "-c", "1024", "-k", "4",
+                 "-n", "400", "--temp", "0.8") as s:
+        yield s
+
+
+def test_a_template_without_tools_calls_in_the_generic_format(generic):
+    c = client(generic)
+    body = {"messages": [{"role": "user", "content": "go"}], "tools": TOOLS}
+    prompt = httpx.post(generic.url + "/apply-template", json=body, timeout=60).json()["prompt"]
+    assert prompt == "system: " + GENERIC_PROMPT + GENERIC_MANY + "\nuser: go\nassistant:"
+    for seed in range(2):
+        r = ask(c, seed=seed)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+        _validate(choice.message.tool_calls)
+    stream = list(ask(c, seed=0, stream=True))
+    deltas = [ch.choices[0].delta for ch in stream if ch.choices]
+    calls = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert [tc.index for tc in calls] == list(range(len(calls)))
+    assert "".join(d.content or "" for d in deltas) == ""
+    assert stream[-1].choices[0].finish_reason == "tool_calls"
+    whole = ask(c, seed=0).choices[0].message.tool_calls
+    assert [(t.function.name, t.function.arguments) for t in whole] == \
+        [(t.function.name, t.function.arguments) for t in calls]
+    named = ask(c, {"type": "function", "function": {"name": "beep"}}, parallel_tool_calls=True)
+    assert {t.function.name for t in named.choices[0].message.tool_calls} == {"beep"}
+    _validate(named.choices[0].message.tool_calls)
+    # none: the response's text, never its JSON
+    r = ask(c, "none", max_tokens=40)
+    assert r.choices[0].message.tool_calls is None
+    assert isinstance(r.choices[0].message.content, str)
+    assert not r.choices[0].message.content.startswith("{")
+    # Anthropic's Messages and OpenAI's Responses plan their tools alike
+    tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+             for t in TOOLS]
+    m = httpx.post(generic.url + "/v1/messages", timeout=120, json={
+        "model": "m", "max_tokens": 300, "tools": tools, "tool_choice": {"type": "any"},
+        "messages": [{"role": "user", "content": "go"}]}).json()
+    uses = [b for b in m["content"] if b["type"] == "tool_use"]
+    assert m["stop_reason"] == "tool_use" and uses, m
+    for b in uses:
+        jsonschema.validate(b["input"], SCHEMAS[b["name"]])
+    r = httpx.post(generic.url + "/v1/responses", timeout=120, json={
+        "model": "m", "max_output_tokens": 300, "input": "go", "tool_choice": "required",
+        "tools": [{"type": "function", **t["function"]} for t in TOOLS]}).json()
+    calls = [o for o in r["output"] if o["type"] == "function_call"]
+    assert calls, r
+    for o in calls:
+        jsonschema.validate(json.loads(o["arguments"]), SCHEMAS[o["name"]])

@@ -3,7 +3,8 @@ of the text a model writes, and the grammar that makes them valid.
 
 A chat template that supports tools reads a ``tools`` variable (OpenAI's list of
 ``{"type": "function", "function": {"name", "description", "parameters"}}``) and writes the
-model's calling convention into the prompt. Two conventions are parsed:
+model's calling convention into the prompt. Two such conventions are parsed, and a template that
+never reads ``tools`` gets a third, this server's own:
 
 ``hermes``   Qwen 2.5 / 3, Hermes 2 Pro and the many templates that copied them: each call is
              ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, anywhere in the
@@ -12,6 +13,12 @@ model's calling convention into the prompt. Two conventions are parsed:
 ``llama3``   Llama 3.1 / 3.2 / 3.3: the whole reply is one JSON object ``{"name": ...,
              "parameters": {...}}`` (optionally after ``<|python_tag|>``). Recognised by the
              Llama 3 header tokens in a template that reads ``tools``.
+``generic``  A template that never reads ``tools`` (the JSON shapes of the generic
+             format of earlier llama-server releases): the tools are described in a system message
+             added to the chat (:func:`generic_system_prompt`), earlier calls and results are
+             written into the messages as that JSON, and the whole reply is one JSON object:
+             ``{"tool_calls": [{"name", "arguments"}, ...]}`` (``{"tool_call": {...}}`` when
+             parallel calls are off) or ``{"response": "text for the user"}``.
 
 Parsing takes the JSON with ``json.JSONDecoder.raw_decode`` at the position the convention puts
 it (after ``<tool_call>`` or a ```` ```json ```` fence, or at the reply's first non-blank
@@ -25,11 +32,14 @@ under that tool's parameters>}``. ``tool_choice`` ``auto`` lets the model write 
 (like llama-server's lazy grammar, the constraint binds from the call's opening tag on, which the
 text cannot contain); ``required`` allows calls only; a named function allows only a call of
 it. Where ``<tool_call>`` is one special token of the vocabulary (Qwen 2.5), the grammar names
-that token; otherwise it spells the text.
+that token; otherwise it spells the text. The generic reply is one JSON schema: the calls'
+object, the response's, or (``auto``) either; ``none`` leaves only the response, so its tools
+and prompt stay those of the other choices.
 """
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -40,9 +50,9 @@ from ..sampling.constraints import json_matches
 from .text import StopMatcher
 
 __all__ = ["ToolFormat", "tool_format", "render_with_tools", "tool_grammar", "ToolCallParser",
-           "ToolCall", "template_reads_tools"]
+           "ToolCall", "template_reads_tools", "generic_system_prompt"]
 
-HERMES, LLAMA3 = "hermes", "llama3"
+HERMES, LLAMA3, GENERIC = "hermes", "llama3", "generic"
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FENCE, FENCE_END = "```json", "```"  # a Markdown JSON block: how small models also write calls
 PYTHON_TAG = "<|python_tag|>"
@@ -52,7 +62,7 @@ BLANK = "BLANK: /[ \\t\\n]{1,2}/\n"  # at most two: a model must not pad forever
 
 @dataclass(frozen=True)
 class ToolFormat:
-    """How a model writes its calls: ``kind`` (hermes or llama3); ``special_open`` /
+    """How a model writes its calls: ``kind`` (hermes, llama3 or generic); ``special_open`` /
     ``special_close``: the opening / closing tag is one special token of the vocabulary (the
     grammar then names the token rather than its text)."""
 
@@ -82,15 +92,14 @@ def template_reads_tools(template: str) -> bool:
 
 def tool_format(template: str | None, is_special=lambda text: False) -> ToolFormat:
     """The calling convention of a chat template. ``is_special(text)``: whether the vocabulary
-    holds ``text`` as one special token. Raises InputError (HTTP 400) when the template has no
-    tool support, or a convention none of the parsers reads."""
+    holds ``text`` as one special token. A template that never reads ``tools`` (a built-in
+    template's name included) gets the generic format. Raises InputError (HTTP 400) when there
+    is no template, or it takes tools in a convention none of the parsers reads."""
     if not template:
         raise InputError("this model has no chat template (tokenizer.chat_template), so it cannot "
                          "be given tools", param="tools")
     if not template_reads_tools(template):
-        raise InputError("this model's chat template has no tool support (it never reads "
-                         "`tools`): call it without tools, or use a model whose template has "
-                         "them (e.g. Qwen2.5, Llama 3.1)", param="tools")
+        return ToolFormat(GENERIC)
     if OPEN in template:
         return ToolFormat(HERMES, is_special(OPEN), is_special(CLOSE))
     if "<|start_header_id|>" in template:
@@ -101,25 +110,101 @@ def tool_format(template: str | None, is_special=lambda text: False) -> ToolForm
 
 
 def render_with_tools(template: str, messages: Sequence[dict], tools: Sequence[dict] | None, *,
-                      bos: str, eos: str, enable_thinking: bool | None = None) -> str:
+                      bos: str, eos: str, enable_thinking: bool | None = None,
+                      fmt: ToolFormat | None = None, parallel: bool = True) -> str:
     """``messages`` rendered with the template and ``tools`` (None: the template's own no-tools
     branch), ending with the assistant's turn opened. Assistant messages may carry
     ``tool_calls`` (OpenAI's, arguments as JSON text: given to the template as objects, the
     convention of Hugging Face templates, which write them with ``tojson``) and
     ``reasoning_content``; ``tool`` messages carry the results; ``enable_thinking`` (unless
-    None) is given to the template (``--reasoning``). InputError when the template raises (its
-    own checks)."""
+    None) is given to the template (``--reasoning``). ``fmt`` generic (with tools): the
+    messages as :func:`generic_messages` writes them, ``parallel`` choosing the calls' shape.
+    InputError when the template raises (its own checks)."""
     import jinja2
 
     from .templates import apply_template
 
     variables = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    generic = fmt is not None and fmt.kind == GENERIC and bool(tools)
+    chat = (generic_messages(messages, tools, parallel) if generic else
+            [_for_template(m) for m in messages])
     try:
-        return apply_template(template, [_for_template(m) for m in messages], bos=bos, eos=eos,
-                              tools=list(tools) if tools else None, **variables)
+        try:
+            return apply_template(template, chat, bos=bos, eos=eos,
+                                  tools=list(tools) if tools else None, **variables)
+        except (jinja2.TemplateError, ValueError, TypeError):
+            if not generic or chat[0]["role"] != "system":
+                raise
+            # a template without a system turn (Gemma's, Mistral's raise): the tools' message
+            # opens the first user turn instead
+            return apply_template(template, _system_in_first_user(chat), bos=bos, eos=eos,
+                                  tools=list(tools), **variables)
     except (jinja2.TemplateError, ValueError, TypeError) as e:
         raise InputError(f"the model's chat template refused these messages: {e}",
                          param="messages") from None
+
+
+def generic_system_prompt(tools: Sequence[dict], parallel: bool = True) -> str:
+    """The system message that tells a model whose template never reads ``tools`` what it may
+    call and how to answer (the generic format): one line per tool (its function object as
+    JSON), then the two shapes of a reply."""
+    lines = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+    if parallel:
+        calls = ('{"tool_calls": [{"name": "<tool>", "arguments": {<its arguments>}}, ...]} '
+                 "to call one or more of them")
+    else:
+        calls = '{"tool_call": {"name": "<tool>", "arguments": {<its arguments>}}} to call one'
+    return (f"These tools are available, one per line as JSON:\n{lines}\n\n"
+            f"Reply with a single JSON object and nothing else: {calls}, or "
+            '{"response": "<your answer>"} to answer the user directly.')
+
+
+def generic_messages(messages: Sequence[dict], tools: Sequence[dict],
+                     parallel: bool = True) -> list[dict]:
+    """The messages as a template without tools reads them under the generic format: the
+    tools' system message (:func:`generic_system_prompt`, after the chat's own system text in
+    one system message), each assistant ``tool_calls`` written into its content as the JSON the
+    model answers with, and each ``tool`` result a user message ``{"tool_result": {"name",
+    "tool_call_id", "content"}}`` (a template need not know the tool role)."""
+    prompt = generic_system_prompt(tools, parallel)
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system" and (out[0].get("content") or ""):
+        out[0]["content"] = f"{out[0]['content']}\n\n{prompt}"
+    elif out and out[0].get("role") == "system":
+        out[0]["content"] = prompt
+    else:
+        out.insert(0, {"role": "system", "content": prompt})
+    names: dict[str, str] = {}  # call id -> the function it called
+    for i, m in enumerate(out):
+        calls = m.pop("tool_calls", None)
+        if calls and m.get("role") == "assistant":
+            written = []
+            for call in _for_template({"tool_calls": calls})["tool_calls"]:
+                fn = call.get("function") or {}
+                written.append({"name": fn.get("name"), "arguments": fn.get("arguments", {})})
+                if call.get("id"):
+                    names[call["id"]] = fn.get("name")
+            obj = ({"tool_call": written[0]} if len(written) == 1 and not parallel else
+                   {"tool_calls": written})
+            text = m.get("content") or ""
+            m["content"] = (text + "\n\n" if text else "") + json.dumps(obj, ensure_ascii=False)
+        elif m.get("role") == "tool":
+            result = {"name": m.get("name") or names.get(m.get("tool_call_id") or ""),
+                      "tool_call_id": m.get("tool_call_id"), "content": m.get("content") or ""}
+            out[i] = {"role": "user", "content": json.dumps(
+                {"tool_result": {k: v for k, v in result.items() if v is not None}},
+                ensure_ascii=False)}
+    return out
+
+
+def _system_in_first_user(messages: list[dict]) -> list[dict]:
+    """The system message's text moved to the start of the first user message."""
+    system, rest = messages[0]["content"], [dict(m) for m in messages[1:]]
+    for m in rest:
+        if m.get("role") == "user":
+            m["content"] = f"{system}\n\n{m.get('content') or ''}"
+            return rest
+    return [{"role": "user", "content": system}, *rest]
 
 
 def _for_template(message: dict) -> dict:
@@ -230,6 +315,13 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[dict], choice: str | dict,
     named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     chosen = [t for t in tools if named is None or t["function"]["name"] == named]
     defs: dict = {}  # the arguments schemas that refer to their own root (_hoisted)
+    head = "%llguidance {}\n"
+    if fmt.kind == GENERIC:
+        reply = _generic_schema(fmt, chosen, choice, parallel, defs)
+        if defs:
+            reply["$defs"] = defs
+        reply["x-guidance"] = JSON_OPTIONS
+        return head + f"start: %json {json.dumps(reply, ensure_ascii=False)} BLANK?\n" + BLANK
     one = _call_schema(fmt, chosen[0], defs) if len(chosen) == 1 else {
         "anyOf": [_call_schema(fmt, t, defs) for t in chosen]}
     if defs:
@@ -237,7 +329,6 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[dict], choice: str | dict,
     # whitespace between JSON tokens and unimplemented keywords as for --json-schema
     one["x-guidance"] = JSON_OPTIONS
     body = "%json " + json.dumps(one, ensure_ascii=False)
-    head = "%llguidance {}\n"
     # blanks may end a reply of calls: a model that writes a newline after its last call would
     # otherwise be held to another call (Qwen2.5-Coder does, calling until max_tokens)
     if fmt.kind == LLAMA3:
@@ -267,6 +358,25 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[dict], choice: str | dict,
         return head + f"start: {calls} TEXT\n" + call + text
     more = ' ("\\n" call)*' if parallel else ""
     return head + f"start: call{more} BLANK?\n" + call + BLANK
+
+
+def _generic_schema(fmt: ToolFormat, chosen: Sequence[dict], choice: str | dict, parallel: bool,
+                    defs: dict) -> dict:
+    """The JSON schema of a generic reply: the calls' object (``tool_calls``, a list of at least
+    one call; ``tool_call``, one call, when ``parallel`` is off), the response's
+    (``{"response": string}``), or under ``auto`` either."""
+    def obj(key: str, value: dict) -> dict:
+        return {"type": "object", "properties": {key: value}, "required": [key],
+                "additionalProperties": False}
+
+    response = obj("response", {"type": "string"})
+    if choice == "none":
+        return response
+    one = [_call_schema(fmt, t, defs) for t in chosen]
+    call = one[0] if len(one) == 1 else {"anyOf": one}
+    calls = (obj("tool_calls", {"type": "array", "items": call, "minItems": 1}) if parallel else
+             obj("tool_call", call))
+    return {"anyOf": [calls, response]} if choice == "auto" else calls
 
 
 def _regex(text: str) -> str:
@@ -308,17 +418,21 @@ class ToolCallParser:
     A hermes call is found in three shapes: the template's ``<tool_call>`` tags (where the grammar
     binds it), a ```` ```json ```` block holding the call object, and a reply that is the bare
     object (small models write those two under tool_choice auto: Qwen2.5-Coder-1.5B does). A
-    llama3 call is the reply itself. Whatever the shape, a call is kept only if it names one of
-    the ``tools`` and its arguments validate against that tool's parameters (the grammar engine's
-    JSON Schema, as the constrained shapes): anything else stays text, so every call returned
-    validates. Text that might begin a call is held back until it does or cannot (a partial tag
-    or fence; a reply that opens with ``{``).
+    llama3 call is the reply itself. A generic reply is one JSON object: its ``response`` is the
+    content (streamed as the string grows), its ``tool_calls`` the calls (each handed out once
+    whole), its ``tool_call`` the one call; a reply in no such shape is text, and so is one cut
+    short before any of its calls was whole (a cut response is its text so far). Whatever the
+    shape, a call is kept only if it names one of the ``tools`` and its arguments validate
+    against that tool's parameters (the grammar engine's JSON Schema, as the constrained
+    shapes): anything else stays text, so every call returned validates. Text that might begin
+    a call is held back until it does or cannot (a partial tag or fence; a reply that opens with
+    ``{``).
 
     ``stops``: stop strings, matched in the content only (never inside a call's markup or
     arguments, which the grammar constrains): the first one ends the reply there, ``stopped``
     turns true, and later text is ignored. ``finish(cut=True)``: the reply was cut short
     (max_tokens, a time limit), so a call it ends inside is half a call: dropped, neither a call
-    nor content."""
+    nor content (a generic reply cut before its first whole call: its text, above)."""
 
     def __init__(self, fmt: ToolFormat, tools: Sequence[dict], stops: Sequence[str] = ()) -> None:
         self.fmt = fmt
@@ -331,18 +445,20 @@ class ToolCallParser:
         self._stop_strings = tuple(s for s in stops if s)
         self._stops = StopMatcher(self._stop_strings)  # the content since the last call
         self.stopped = False  # a stop string ended the content
+        self._said = ""  # generic: the response text handed to the content so far
+        self._parse = {HERMES: self._hermes, LLAMA3: self._llama3,
+                       GENERIC: self._generic}[fmt.kind]
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         if self.stopped:
             return "", []
         self.buffer += text
-        return self._hermes(final=False) if self.fmt.kind == HERMES else self._llama3(final=False)
+        return self._parse(final=False)
 
     def finish(self, cut: bool = False) -> tuple[str, list[ToolCall]]:
         if self.stopped:
             return "", []
-        content, calls = (self._hermes(final=True, cut=cut) if self.fmt.kind == HERMES
-                          else self._llama3(final=True, cut=cut))
+        content, calls = self._parse(final=True, cut=cut)
         return (content if self.stopped else content + self._stops.finish()), calls
 
     def _accept(self, obj: Any) -> ToolCall | None:
@@ -487,9 +603,106 @@ class ToolCallParser:
         self.calls.extend(calls)
         return "", calls
 
+    def _generic(self, final: bool, cut: bool = False) -> tuple[str, list[ToolCall]]:
+        """A generic reply: the response's text as far as it is decoded, the calls of a
+        ``tool_calls`` list as each one closes, the rest at the end (a reply cut short: the text
+        and the whole calls before the cut)."""
+        buf = self.buffer
+        response = _RESPONSE.match(buf)
+        many = _CALLS.match(buf)
+        if not final:
+            if response:
+                return self._say(_string_prefix(buf, response.end())), []
+            return "", (self._new_calls(buf, many.end()) if many else [])
+        self.buffer = ""
+        head = _skip_space(buf, 0)
+        try:
+            obj, end = _DECODER.raw_decode(buf, head)
+            whole = not buf[end:].strip()
+        except json.JSONDecodeError:
+            obj, whole = None, False
+        if whole and isinstance(obj, dict) and len(obj) == 1:
+            key, value = next(iter(obj.items()))
+            if key == "response":
+                return self._say(value if isinstance(value, str) else
+                                 json.dumps(value, ensure_ascii=False)), []
+            call = self._accept(value) if key == "tool_call" else None
+            if call is not None:
+                self.calls.append(call)
+                return "", [call]
+            if key == "tool_calls" and many and isinstance(value, list) and value and \
+                    all(self._accept(x) is not None for x in value):
+                return "", self._new_calls(buf, many.end())
+        if cut and response:
+            return self._say(_string_prefix(buf, response.end())), []
+        new = self._new_calls(buf, many.end()) if cut and many else []
+        if new or self.calls:  # the whole calls before the cut; what follows them is no content
+            return "", new
+        # not a generic reply, or one cut short before its first call was whole (the model
+        # ran out of tokens writing it): its text as it is, as llama-server answers a reply it
+        # cannot parse, rather than an empty answer
+        return self._say(buf), []
+
+    def _say(self, text: str) -> str:
+        """The response text so far: its part not yet handed out, through the stop strings."""
+        if not text.startswith(self._said):  # not expected: the text grows at its end
+            return ""
+        new, self._said = text[len(self._said):], text
+        return self._text(new)
+
+    def _new_calls(self, buf: str, i: int) -> list[ToolCall]:
+        """The whole calls of the ``tool_calls`` list opening at ``buf[i]`` that were not handed
+        out yet; a call that does not validate ends the list."""
+        new: list[ToolCall] = []
+        k = 0  # the list's item at i
+        while True:
+            i = _skip_space(buf, i)
+            try:
+                obj, i = _DECODER.raw_decode(buf, i)
+            except json.JSONDecodeError:
+                break  # not whole yet
+            if k >= len(self.calls):
+                call = self._accept(obj)
+                if call is None:
+                    break
+                new.append(call)
+            k += 1
+            i = _skip_space(buf, i)
+            if not buf.startswith(",", i):
+                break
+            i += 1
+        self.calls.extend(new)
+        return new
+
     def _flush(self) -> tuple[str, list[ToolCall]]:
         out, self.buffer = self.buffer, ""
         return self._text(out), []
+
+
+_RESPONSE = re.compile(r'\s*\{\s*"response"\s*:\s*"')  # a generic reply's text opens
+_CALLS = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[')  # a generic reply's calls open
+_HIGH_SURROGATE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}$")
+
+
+def _string_prefix(text: str, i: int) -> str:
+    """The decoded value of the JSON string whose text starts at ``text[i]`` (after its opening
+    quote), as far as it is whole: up to its closing quote, else without an escape the text
+    ends inside (a ``\\uD83D`` waiting for its low surrogate included)."""
+    j, n = i, len(text)
+    while j < n and text[j] != '"':
+        if text[j] == "\\":
+            if j + 1 >= n or (text[j + 1] == "u" and j + 6 > n):
+                break  # an escape the text ends inside
+            j += 6 if text[j + 1] == "u" else 2
+        else:
+            j += 1
+    raw = text[i:min(j, n)]
+    if (j >= n or text[j] != '"') and _HIGH_SURROGATE.search(raw):  # open: the pair may follow
+        raw = raw[:-6]
+    try:
+        return json.loads('"' + raw + '"')
+    except json.JSONDecodeError:  # not JSON (a raw control character): as far as it is
+        return ""
 
 
 def _partial_tail(text: str, tag: str) -> int:

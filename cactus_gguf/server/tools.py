@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import InputError
 from ..sampling.constraints import grammar_spec
-from ..prompting.toolcalls import (ToolCallParser, ToolFormat, arguments_schema, render_with_tools,
-                         tool_format, tool_grammar)
+from ..prompting.toolcalls import (GENERIC, ToolCallParser, ToolFormat, arguments_schema,
+                                   render_with_tools, tool_format, tool_grammar)
 from .schemas import reasoning_of
 
 __all__ = ["ToolPlan", "ToolReply"]
@@ -122,6 +122,13 @@ class ToolPlan:
     def calls_allowed(self) -> bool:
         return bool(self.tools) and self.choice != "none"
 
+    @property
+    def parsed(self) -> bool:
+        """Whether the reply goes through the parser: calls may come, or (the generic format,
+        after prepare()) the reply is JSON even when they may not (its ``response``)."""
+        return self.calls_allowed or (bool(self.tools) and self.format is not None
+                                      and self.format.kind == GENERIC)
+
     @classmethod
     def of(cls, body) -> "ToolPlan | None":
         """The plan of a ChatCompletionRequest, or None when it has no tools and no message
@@ -178,9 +185,10 @@ class ToolPlan:
 
     def prepare(self, engine, req):
         """(prompt text, Request) for the engine: the messages rendered with the GGUF's chat
-        template and the tools, and ``req`` with the reply's grammar (tool_choice "none": text
-        that opens no call). InputError: a template without tool support, a request that also
-        gives its own output constraint."""
+        template and the tools (a template that never reads them: the generic format's system
+        message), and ``req`` with the reply's grammar (tool_choice "none": text that opens no
+        call). InputError: no template, a request that also gives its own output
+        constraint."""
         model = engine.verifier.model
         template = model.chat_template()
         if self.tools:
@@ -198,7 +206,7 @@ class ToolPlan:
             template, self.messages, self.tools or None,
             bos=model.token_text(model.bos).decode("utf-8", "replace"),
             eos=model.token_text(model.eos).decode("utf-8", "replace"),
-            enable_thinking=engine.enable_thinking)
+            enable_thinking=engine.enable_thinking, fmt=self.format, parallel=self.parallel)
         if self.tools:
             grammar = tool_grammar(self.format, self.tools, self.choice, self.parallel)
             try:
@@ -208,15 +216,15 @@ class ToolPlan:
                 raise InputError(f"tools: the tools' parameters compile one by one but not "
                                  f"together into the calls' grammar: {why}",
                                  param="tools") from None
-        if self.calls_allowed and req.stop:
+        if self.parsed and req.stop:
             # stop strings end the content, never a call (they would cut its markup or its
             # arguments): the parser applies them to the content, and the reply ends the job
             self.stops, req = tuple(req.stop), req.replace(stop=())
         return prompt, req
 
     def reply(self) -> "ToolReply | None":
-        """The reply's shaper (after prepare), or None when no call can come (plain text)."""
-        if not self.calls_allowed:
+        """The reply's shaper (after prepare), or None when the reply is plain text."""
+        if not self.parsed:
             return None
         return ToolReply(ToolCallParser(self.format, self.tools, self.stops))
 
@@ -303,7 +311,8 @@ class ToolReply:
     A stop string that ends the content (``stopped``) ends the reply: ``on_stop()`` (set by the
     server: it ends the job) is called once, later text is ignored, and the finish reason is
     "stop" ("tool_calls" when calls came before). A reply cut short (finish reason "length")
-    drops the call it ends inside: no half call, and no markup in the content."""
+    drops the call it ends inside: no half call, and no markup in the content (the generic
+    format's reply cut inside its first call: its JSON text, ToolCallParser)."""
 
     def __init__(self, parser: ToolCallParser) -> None:
         self.parser = parser
