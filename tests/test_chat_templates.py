@@ -115,11 +115,23 @@ def test_serve_renders_with_the_template_and_reasoning_it_was_given(ver, tmp_pat
                                             **tools})
             assert r.json() == {"prompt": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>"
                                           "assistant\n<think></think>"}
+            # a request's chat_template_kwargs win over --reasoning (llama-server's field)
+            r = post(s, "/apply-template", {"messages": [{"role": "user", "content": "hi"}],
+                                            "chat_template_kwargs": {"enable_thinking": True},
+                                            **tools})
+            assert r.json() == {"prompt": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>"
+                                          "assistant\n"}
+        r = post(s, "/apply-template", {"messages": [{"role": "user", "content": "hi"}],
+                                        "chat_template_kwargs": {"tools": []}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
         history = [{"role": "user", "content": "fix it"},
                    {"role": "assistant", "content": "", "reasoning_content": "look first",
                     "tool_calls": [{"id": "c1", "type": "function", "function": {
                         "name": "ls", "arguments": "{\"path\": \".\"}"}}]},
                    {"role": "tool", "tool_call_id": "c1", "content": "main.py"}]
+        thinking = {"chat_template_kwargs": {"enable_thinking": True}}  # the tools' path too
+        r = post(s, "/apply-template", {"messages": history, "tools": [tool], **thinking})
+        assert r.json()["prompt"].endswith("<|im_start|>assistant\n")
         r = post(s, "/apply-template", {"messages": history, "tools": [tool]})
         assert r.json()["prompt"] == (
             "<|im_start|>system\ntools: 1<|im_end|>\n<|im_start|>user\nfix it<|im_end|>\n"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import codecs
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 __all__ = ["StopMatcher", "TextStream", "render_chat", "columns"]
 
@@ -128,11 +128,12 @@ class TextStream:
 
 def render_chat(template: str | None, messages: Sequence[dict], *, bos: str, eos: str,
                 model_name: str = "the model", add_generation_prompt: bool = True,
-                enable_thinking: bool | None = None) -> str:
+                variables: Mapping[str, Any] | None = None) -> str:
     """``messages`` ([{"role": ..., "content": ...}]) rendered with a chat template (a GGUF's
     Jinja template, or a built-in one by name: templates.py), ending with the assistant's turn
-    opened (``add_generation_prompt``; False: ending with the last message); ``enable_thinking``
-    (unless None) is given to the template (``--reasoning``).
+    opened (``add_generation_prompt``; False: ending with the last message); ``variables`` are
+    given to the template too (``enable_thinking`` from ``--reasoning``, a request's
+    ``chat_template_kwargs``: Engine.template_variables).
 
     Raises InputError when there is no template or a message is malformed.
     """
@@ -149,9 +150,8 @@ def render_chat(template: str | None, messages: Sequence[dict], *, bos: str, eos
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(
                 m.get("content"), str):
             raise InputError(f"message {i} must be {{\"role\": str, \"content\": str}}, got {m!r}"[:200])
-    variables = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     return apply_template(template, messages, bos=bos, eos=eos,
-                          add_generation_prompt=add_generation_prompt, **variables)
+                          add_generation_prompt=add_generation_prompt, **(variables or {}))
 
 
 def columns(rows: Sequence[Sequence[str]], right: bool = False) -> list[str]:

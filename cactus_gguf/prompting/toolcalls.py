@@ -42,7 +42,7 @@ import json
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..errors import InputError
 from ..sampling.constraints import _JSON_OPTIONS as JSON_OPTIONS
@@ -110,21 +110,21 @@ def tool_format(template: str | None, is_special=lambda text: False) -> ToolForm
 
 
 def render_with_tools(template: str, messages: Sequence[dict], tools: Sequence[dict] | None, *,
-                      bos: str, eos: str, enable_thinking: bool | None = None,
+                      bos: str, eos: str, variables: Mapping[str, Any] | None = None,
                       fmt: ToolFormat | None = None, parallel: bool = True) -> str:
     """``messages`` rendered with the template and ``tools`` (None: the template's own no-tools
     branch), ending with the assistant's turn opened. Assistant messages may carry
     ``tool_calls`` (OpenAI's, arguments as JSON text: given to the template as objects, the
     convention of Hugging Face templates, which write them with ``tojson``) and
-    ``reasoning_content``; ``tool`` messages carry the results; ``enable_thinking`` (unless
-    None) is given to the template (``--reasoning``). ``fmt`` generic (with tools): the
+    ``reasoning_content``; ``tool`` messages carry the results; ``variables`` are given to the
+    template too (as render_chat's). ``fmt`` generic (with tools): the
     messages as :func:`generic_messages` writes them, ``parallel`` choosing the calls' shape.
     InputError when the template raises (its own checks)."""
     import jinja2
 
     from .templates import apply_template
 
-    variables = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    variables = dict(variables or {})
     generic = fmt is not None and fmt.kind == GENERIC and bool(tools)
     chat = (generic_messages(messages, tools, parallel) if generic else
             [_for_template(m) for m in messages])

@@ -132,6 +132,8 @@ class ChatCompletionRequest(_Common):
     # final assistant message is continued unless continue_final_message is false
     add_generation_prompt: bool = True
     continue_final_message: bool | None = None
+    # llama-server's: variables for the chat template (enable_thinking, ...: Engine.template_variables)
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Common):
@@ -375,7 +377,8 @@ def chat_format(body: ChatCompletionRequest) -> dict[str, Any]:
                          "set add_generation_prompt false to continue the last assistant message",
                          param="continue_final_message")
     return {"add_generation_prompt": body.add_generation_prompt,
-            "continue_final_message": body.continue_final_message}
+            "continue_final_message": body.continue_final_message,
+            "template_kwargs": body.chat_template_kwargs}
 
 
 def completion_prompts(body: CompletionRequest) -> list[str | list[int]]:

@@ -114,6 +114,7 @@ class ToolPlan:
         self.messages = messages
         self.constrained_by = constrained_by  # the body's own output constraint, if any
         self.format: ToolFormat | None = None  # known after prepare()
+        self.template_kwargs: dict | None = None  # the body's chat_template_kwargs (of())
         # the request's stop strings: the content's, never a call's (ToolCallParser), so the
         # engine runs without them when calls are allowed (prepare())
         self.stops: tuple[str, ...] = ()
@@ -181,7 +182,9 @@ class ToolPlan:
         constrained_by = ("response_format" if rf is not None and rf.type != "text" else
                           "grammar" if body.grammar is not None else
                           "json_schema" if body.json_schema is not None else None)
-        return cls(tools, choice, parallel, _messages(body), constrained_by)
+        plan = cls(tools, choice, parallel, _messages(body), constrained_by)
+        plan.template_kwargs = body.chat_template_kwargs
+        return plan
 
     def prepare(self, engine, req):
         """(prompt text, Request) for the engine: the messages rendered with the GGUF's chat
@@ -206,7 +209,8 @@ class ToolPlan:
             template, self.messages, self.tools or None,
             bos=model.token_text(model.bos).decode("utf-8", "replace"),
             eos=model.token_text(model.eos).decode("utf-8", "replace"),
-            enable_thinking=engine.enable_thinking, fmt=self.format, parallel=self.parallel)
+            variables=engine.template_variables(self.template_kwargs), fmt=self.format,
+            parallel=self.parallel)
         if self.tools:
             grammar = tool_grammar(self.format, self.tools, self.choice, self.parallel)
             try:

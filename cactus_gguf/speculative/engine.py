@@ -28,7 +28,7 @@ import secrets
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -299,21 +299,38 @@ class Engine:
         add_special = not (m.add_bos and bos_text and prompt.startswith(bos_text))
         return m.tokenize(prompt, add_special=add_special, parse_special=True)
 
+    def template_variables(self, kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """What every chat template is given beside the messages: ``enable_thinking`` (from
+        ``--reasoning``; none under ``auto`` for a template without the switch), then a
+        request's ``chat_template_kwargs`` (llama-server's field: a key it names wins).
+        InputError for a key that is the request's own (messages, tools, add_generation_prompt,
+        bos_token, eos_token)."""
+        out = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
+        taken = sorted(set(kwargs or {}) & {"messages", "tools", "add_generation_prompt",
+                                            "bos_token", "eos_token"})
+        if taken:
+            raise InputError(f"chat_template_kwargs cannot set {taken[0]}: the request's own "
+                             "fields give it", param="chat_template_kwargs")
+        return {**out, **(kwargs or {})}
+
     def format_chat(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
-                    continue_final_message: bool | None = None) -> str:
+                    continue_final_message: bool | None = None,
+                    template_kwargs: Mapping[str, Any] | None = None) -> str:
         """Render ``messages`` ([{"role": ..., "content": ...}]) with the GGUF's chat template.
 
         A final assistant message is continued (prefilled: the messages before it with the
         assistant's turn opened, then its text, left open), as llama-server does, unless
         ``continue_final_message`` is False (then it is closed like the others);
         ``add_generation_prompt`` False ends the prompt with the last message instead of
-        opening the assistant's turn."""
+        opening the assistant's turn; ``template_kwargs``: a request's ``chat_template_kwargs``
+        (:meth:`template_variables`)."""
         m = self._live().model
         last_is_assistant = bool(messages) and messages[-1].get("role") == "assistant"
         if last_is_assistant and len(messages) > 1 and messages[-2].get("role") == "assistant":
             raise InputError("the last two messages are both the assistant's: merge them, or "
                              "put the user's turn between them", param="messages")
         prefill = last_is_assistant and continue_final_message is not False
+        variables = self.template_variables(template_kwargs)
         if continue_final_message and not last_is_assistant:
             raise InputError("continue_final_message needs the last message to be the "
                              "assistant's (the text to continue)", param="continue_final_message")
@@ -322,7 +339,7 @@ class Engine:
             return render_chat(m.chat_template(), ms, model_name=m.path.name,
                                eos=m.token_text(m.eos).decode("utf-8", "replace"),
                                bos=m.token_text(m.bos).decode("utf-8", "replace"),
-                               add_generation_prompt=opened, enable_thinking=self.enable_thinking)
+                               add_generation_prompt=opened, variables=variables)
 
         if prefill:
             return render(messages[:-1], True) + (messages[-1].get("content") or "")
