@@ -640,6 +640,10 @@ def test_a_template_without_tools_calls_in_the_generic_format(generic):
     assert r.choices[0].message.tool_calls is None
     assert isinstance(r.choices[0].message.content, str)
     assert not r.choices[0].message.content.startswith("{")
+    streamed = list(ask(c, "none", max_tokens=40, stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices) == \
+        r.choices[0].message.content
+    assert sum(1 for ch in streamed if ch.choices and ch.choices[0].delta.content) > 1
     # Anthropic's Messages and OpenAI's Responses plan their tools alike
     tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
              for t in TOOLS]
