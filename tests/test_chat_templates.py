@@ -121,6 +121,9 @@ def test_serve_renders_with_the_template_and_reasoning_it_was_given(ver, tmp_pat
                                             **tools})
             assert r.json() == {"prompt": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>"
                                           "assistant\n"}
+        parts = [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]
+        r = post(s, "/apply-template", {"messages": [{"role": "user", "content": parts}]})
+        assert r.json()["prompt"].startswith("<|im_start|>user\nhi\nthere<|im_end|>")  # llama-server's join
         r = post(s, "/apply-template", {"messages": [{"role": "user", "content": "hi"}],
                                         "chat_template_kwargs": {"tools": []}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"

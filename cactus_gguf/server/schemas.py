@@ -320,8 +320,9 @@ def to_request(base, body: _Common):
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict]:
-    """The messages as the chat template takes them: text only ("developer" is OpenAI's newer
-    name of "system")."""
+    """The messages as the chat template takes them: text only, a list of text parts joined
+    with newlines as llama-server joins them for a template of plain-text content ("developer"
+    is OpenAI's newer name of "system")."""
     out = []
     for i, m in enumerate(body.messages):
         content = m.content
@@ -332,7 +333,7 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
                     raise InputError(f"messages[{i}].content: only text parts are supported, got "
                                      f"{part.type!r}", param=f"messages[{i}].content")
                 parts.append(part.text)
-            content = "".join(parts)
+            content = "\n".join(parts)
         out.append({"role": "system" if m.role == "developer" else m.role,
                     "content": content or "", **reasoning_of(m, i)})
     return out

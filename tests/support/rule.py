@@ -6,4 +6,4 @@ NAMES = ["k", "k_max", "method", "delta", "solver", "budget", "output_kl", "typi
          "typical_alpha", "accept_top_k", "ears_alpha", "top_gap", "protect_ends", "top_gap_scope",
          "drafter",
          "ngram_max", "ngram_min", "draft_window", "draft_vocab", "draft_min", "draft_p_min",
-         "draft_temp"]
+         "spec_synth_rates", "spec_synth_len", "draft_temp"]
