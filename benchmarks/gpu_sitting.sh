@@ -10,7 +10,7 @@
 #
 # The exact device call (tool `run`; nothing else to install there):
 #
-#   command:   benchmarks/gpu_sitting.sh $OUT
+#   command:   bash benchmarks/gpu_sitting.sh "$OUT"
 #   carry:     [".gpu"]
 #   timeout_s: 590
 #
@@ -80,7 +80,7 @@ if [ "$backend" = cuda ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv || true
     nvcc --version | tail -2 || true
 fi
-cmake --version | head -1; ninja --version
+cmake --version | head -1; ninja --version || echo "no ninja: make"
 
 # 0. the wheels, then the synthetic pair's F16 files in the background while llama.cpp compiles
 # (they need gguf and numpy, not the build; the models step quantizes them) -----------------------
@@ -112,7 +112,9 @@ if [[ $steps == *,build,* ]]; then
                -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF
                -DLLAMA_USE_PREBUILT_UI=OFF
                '-DCMAKE_BUILD_RPATH=$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
-               '-DCMAKE_INSTALL_RPATH=$ORIGIN')
+               '-DCMAKE_INSTALL_RPATH=$ORIGIN' -DCMAKE_INSTALL_RPATH_USE_LINK_PATH=ON)
+        # (the last: the CUDA toolkit's libraries found at run time through the RPATH, as
+        # llama-cpp-python's own build sets it)
         if [ "$backend" = cuda ]; then
             # the GPU's own architecture only, machine code alone (9.0 on H100 / H200 -> 90-real):
             # ggml-cuda's default list compiles its ~145 CUDA units for several architectures
@@ -121,7 +123,10 @@ if [[ $steps == *,build,* ]]; then
             flags+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${arch:-90}-real" -DGGML_CUDA_NCCL=OFF
                     "-DGGML_CUDA_FA=${CUDA_FA:-ON}")
         fi
-        cmake -S "$src/vendor/llama.cpp" -B "$build" -G Ninja "${flags[@]}" >"$work/configure.log" 2>&1 \
+        generator=(-G Ninja)
+        command -v ninja >/dev/null || generator=()  # CMake's default (make) then
+        cmake -S "$src/vendor/llama.cpp" -B "$build" "${generator[@]}" "${flags[@]}" \
+            >"$work/configure.log" 2>&1 \
             || { tail -40 "$work/configure.log"; cp "$work/configure.log" "$out/"; exit 2; }
         t1=$(date +%s)
         echo "== configured in $(( t1 - t0 )) s; building llama ggml llama-server llama-quantize"
@@ -165,6 +170,10 @@ if [[ $steps == *,install,* ]]; then
     step_done install $(( $(date +%s) - t0 )) installed
 fi
 export PYTHONPATH=$site PATH=$build/bin:$PATH
+if [ "$backend" = cuda ] && command -v nvcc >/dev/null; then  # belt and braces beside the RPATH
+    cuda_root=$(dirname "$(dirname "$(command -v nvcc)")")
+    export LD_LIBRARY_PATH=$cuda_root/lib64:$cuda_root/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 # the installed copy, not the checkout's sources (the checkout has no native helper built)
 cd "$work"
 
