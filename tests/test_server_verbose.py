@@ -29,7 +29,9 @@ def test_verbose_adds_llama_servers_debug_object(server):
             assert "__verbose" not in got
             continue
         v = got["__verbose"]
-        assert v["prompt"] == prompt and v["content"] == got["choices"][0]["message"]["content"]
+        # the prompt as decoded, as llama-server writes it: the BOS the tokenizer added first
+        assert v["prompt"] == "<s> " + prompt
+        assert v["content"] == got["choices"][0]["message"]["content"]
         assert v["tokens_predicted"] == got["usage"]["completion_tokens"] == 3
         assert v["tokens_evaluated"] == got["usage"]["prompt_tokens"]
         assert v["generation_settings"]["n_predict"] == 3 and v["timings"] == got["timings"]
@@ -54,4 +56,4 @@ def test_serve_v_gives_every_answer_its_debug_object(tmp_path):
             got = httpx.post(s.url + "/v1/chat/completions", json=body, timeout=120).json()
             assert ("__verbose" in got) is carried
             if carried:
-                assert got["__verbose"]["prompt"] == prompt and prompt.endswith("The")
+                assert got["__verbose"]["prompt"] == "<s> " + prompt and prompt.endswith("The")

@@ -225,8 +225,8 @@ def verbose_object(engine, job: Job, text: str, result, model: str) -> dict:
     """llama-server's ``__verbose`` of an OpenAI answer (``verbose: true``; its
     to_json_non_oaicompat): the text, the prompt as the engine decoded it (a chat's rendered
     template), the counts, the generation settings and the timings."""
-    prompt = job.prompt if isinstance(job.prompt, str) else \
-        engine.verifier.model.detokenize(list(job.prompt), special=True)
+    ids = engine.tokenize(job.prompt) if isinstance(job.prompt, str) else list(job.prompt)
+    prompt = engine.verifier.model.detokenize(ids, special=True)  # as decoded: BOS included
     s = result.stats
     return {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": True,
             "model": model, "tokens_predicted": s.n_tokens, "tokens_evaluated": s.n_prompt_tokens,
