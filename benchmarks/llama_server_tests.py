@@ -81,6 +81,9 @@ EXCLUDED: dict[str, tuple[str, ...]] = {
         "assert 1 == 2"),
     "test_basic.py::test_server_props": (PARALLEL, "total_slots == 2 (-np 2)"),
     "test_basic.py::test_load_split_model": (TEXT, "stories15M's words"),
+    "test_chat_completion.py::test_chat_template": (
+        TEXT, "the prompt starts with stories260K's BOS as its tokenizer writes it ('<s> ')",
+        "<s> "),
     "test_chat_completion.py::test_logprobs": (
         TEXT, "the logprobs tokens joined equal the content only for an answer of whole UTF-8 "
         "characters: the stand-in's random bytes give lone bytes, whose token text llama-server "
@@ -203,11 +206,21 @@ FAILURES: dict[str, tuple[str, ...]] = {
     "test_metrics.py::test_metrics_predicted_total_matches_requests": (
         FIELD, "no Process-Start-Time-Unix header on /metrics", 'Process-Start-Time-Unix'),
     "test_security.py::test_access_static_assets_without_api_key": (
-        BEHAVIOUR, "/sw.js, /manifest.webmanifest, /_app/version.json need the API key or are "
-        "missing (llama-server's web UI assets are public)", 'Expected 200'),
+        BEHAVIOUR, "/sw.js, /manifest.webmanifest, /_app/version.json are llama-server's own web "
+        "UI's files, which serve's page does not have (404); its page and assets are public too",
+        'Expected 200'),
     "test_security.py::test_cors_options": (
-        BEHAVIOUR, "OPTIONS preflight is 405: CORS is off unless --cors-origin is given (a safer "
-        "default on purpose, issue 51 item 5; llama-server allows any origin)", '405'),
+        BEHAVIOUR, "llama-server's any-origin CORS echoes the page's origin with credentials and "
+        "its own method list; serve's --cors-origin '*' (the shim's translation) allows any "
+        "origin without credentials, on purpose (docs/server.md), and Starlette writes the "
+        "header names in lower case, which this test's case-sensitive dict misses", ' in {'),
+    "test_chat_completion.py::test_chat_template_assistant_prefill": (
+        BEHAVIOUR, "text parts of a message: llama-server gives them as a list to a template that "
+        "reads typed content (Llama 3.1's puts a blank line between them); serve joins them "
+        "with a newline first", 'assert False'),
+    "test_template.py::test_reasoning": (
+        BEHAVIOUR, "tools on Command R7B's template, which reads them in its own calling "
+        "convention, one serve does not parse: a 400", '400 == 200'),
 }
 # the shim's "needs FLAG" lines whose flag belongs to an excluded category
 SHIM_EXCLUDED = {
