@@ -22,7 +22,8 @@ def test_the_speculation_settings_are_the_tables_request_options_but_sampling_an
     # body's top level (OpenAI's and llama-server's fields), the rule does not name them
     assert others == {"n_predict", "temperature", "top_k", "top_p", "min_p", "seed", "stop",
                       "grammar", "json_schema", "json_object", "cache_prompt", "n_probs",
-                      "post_sampling_probs", "backend_sampling"}
+                      "post_sampling_probs", "backend_sampling", "logit_bias", "ignore_eos",
+                      "timings_per_token", "return_progress"}
     for o in SPECULATION:  # a condition names another option and values it takes
         for name, values in o.applies:
             assert name in options.BY_NAME and all(
@@ -66,7 +67,8 @@ def test_the_servers_speculative_object_is_generated_from_the_table():
              "budget": "output", "output_kl": False, "typical_epsilon": 0.1, "typical_alpha": 0.2,
              "accept_top_k": 3, "ears_alpha": 0.4, "top_gap": 0.5, "protect_ends": "off",
              "top_gap_scope": "all", "drafter": "hybrid", "ngram_max": 4, "ngram_min": 2, "draft_window": 0,
-             "draft_vocab": "same", "draft_min": 1, "draft_p_min": 0.1, "draft_temp": 0}
+             "draft_vocab": "same", "draft_min": 1, "draft_p_min": 0.1,
+             "spec_synth_rates": None, "spec_synth_len": None, "draft_temp": 0}
     assert Speculative.model_validate(every).model_dump() == every
     options.Request(**every)  # every value the object takes, the Request takes
     for bad in ({"k": "4"}, {"top_gap": "0.5"}, {"output_kl": 1}, {"bogus": 1}):

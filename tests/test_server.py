@@ -286,7 +286,7 @@ def _completion_tokens(url: str) -> float:
 
 def test_a_client_that_disconnects_frees_the_engine(files):
     # a context of 65,536 tokens: the generation below would run for tens of seconds
-    with LiveServer(files["ver"], files["dft"], "-t", "1", "-c", "65536") as s:
+    with LiveServer(files["ver"], files["dft"], "-t", "1", "-c", "65536", "--metrics") as s:
         body = {"prompt": "the cat", "max_tokens": 60000, "stream": True, "seed": 1}
         with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=60) as r:
             seen = [ln for _, ln in zip(range(6), r.iter_lines())]
