@@ -13,8 +13,8 @@ import pytest
 
 from cactus_gguf.errors import InputError
 from cactus_gguf.sampling.constraints import _byte_tokenizer, grammar_spec
-from cactus_gguf.prompting.toolcalls import (ToolCallParser, ToolFormat, render_with_tools, tool_format,
-                                   tool_grammar)
+from cactus_gguf.prompting.toolcalls import ToolFormat, render_with_tools, tool_format, tool_grammar
+from cactus_gguf.prompting.toolparse import ToolCallParser
 from support.server import LiveServer, client, serving
 from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama
 from support.tools import HERMES_TEMPLATE, LLAMA3_TEMPLATE, SCHEMAS, TOOLS

@@ -4,7 +4,8 @@ history, and the reply's calls as OpenAI sends them (``message.tool_calls``, str
 ``delta.tool_calls`` with index / id / function name / arguments, ``finish_reason``
 ``"tool_calls"``).
 
-The prompt, the calling conventions, the parser and the grammar are cactus_gguf/prompting/toolcalls.py's;
+The prompt, the calling conventions and the grammar are cactus_gguf/prompting/toolcalls.py's,
+the parser toolparse.py's;
 this module validates the request, prepares the engine request (the prompt rendered with the
 GGUF's template and its tools, the calls' grammar unless ``tool_choice`` is ``none``) and shapes
 the reply. Speculation stays on: the grammar constrains the draft, the acceptance test and the
@@ -21,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import InputError
 from ..sampling.constraints import grammar_spec
-from ..prompting.toolcalls import (GENERIC, ToolCallParser, ToolFormat, arguments_schema,
+from ..prompting.toolparse import ToolCallParser
+from ..prompting.toolcalls import (GENERIC, ToolFormat, arguments_schema,
                                    render_with_tools, tool_format, tool_grammar)
 from .schemas import reasoning_of
 
