@@ -1,7 +1,8 @@
 """Tool calls (cactus_gguf/prompting/toolcalls.py, server/tools.py): the calling convention read from a chat
 template, the parser on text cut at every character, the grammar walked byte by byte, and the
 server's answers on tiny models through the official openai client (non-streamed and streamed,
-tool_choice required / named / none, the history of a round trip, the 400s)."""
+tool_choice required / named / none, the history of a round trip, the 400s); the conventions:
+hermes, llama3, the generic format and Command R7B's."""
 from __future__ import annotations
 
 import json
@@ -13,11 +14,13 @@ import pytest
 
 from cactus_gguf.errors import InputError
 from cactus_gguf.sampling.constraints import _byte_tokenizer, grammar_spec
-from cactus_gguf.prompting.toolcalls import ToolFormat, render_with_tools, tool_format, tool_grammar
+from cactus_gguf.prompting.toolcalls import (COHERE_MARKERS, ToolFormat, render_with_tools,
+                                             tool_format, tool_grammar)
 from cactus_gguf.prompting.toolparse import ToolCallParser
 from support.server import LiveServer, client, serving
 from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama
-from support.tools import HERMES_TEMPLATE, LLAMA3_TEMPLATE, SCHEMAS, TOOLS
+from support.tools import (COMMAND_R7B_TEMPLATE, HERMES_TEMPLATE, LLAMA3_TEMPLATE, SCHEMAS,
+                           TOOLS)
 
 
 CALL_A = '<tool_call>\n{"name": "set_unit", "arguments": {"unit": "c", "loud": true}}\n</tool_call>'
@@ -280,10 +283,15 @@ def test_the_grammar_lets_through_exactly_the_valid_calls():
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("tools")
-    return {name: write_llama(d / f"{name}.gguf", seed=11, zero_output_rows=[EOS],
-                              chat_template=template)
-            for name, template in (("hermes", HERMES_TEMPLATE), ("llama3", LLAMA3_TEMPLATE),
-                                   ("plain", CHAT_TEMPLATE))}
+    files = {name: write_llama(d / f"{name}.gguf", seed=11, zero_output_rows=[EOS],
+                               chat_template=template)
+             for name, template in (("hermes", HERMES_TEMPLATE), ("llama3", LLAMA3_TEMPLATE),
+                                    ("plain", CHAT_TEMPLATE), ("cohere", COMMAND_R7B_TEMPLATE))}
+    # Command R7B's markers as control tokens, as its GGUFs hold them
+    files["cohere-control"] = write_llama(d / "cohere-control.gguf", seed=11,
+                                          zero_output_rows=[EOS], extra_control=COHERE_MARKERS,
+                                          chat_template=COMMAND_R7B_TEMPLATE)
+    return files
 
 
 @pytest.fixture(scope="module")
@@ -661,3 +669,205 @@ def test_a_template_without_tools_calls_in_the_generic_format(generic):
     assert calls, r
     for o in calls:
         jsonschema.validate(json.loads(o["arguments"]), SCHEMAS[o["name"]])
+
+
+# ---- Command R7B: a plan, then calls in one action list or an answer ------------------------------
+
+PLAN = "<|START_THINKING|>Beep, then set the unit.<|END_THINKING|>"
+ACTION = ('<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "beep", "parameters": {"n": 2}},'
+          '\n    {"tool_call_id": "1", "tool_name": "set_unit", "parameters": {"unit": "c", '
+          '"loud": true}}\n]<|END_ACTION|>')
+ANSWER = "<|START_RESPONSE|>It beeped twice.<|END_RESPONSE|>"
+COHERE = ToolFormat("command_r7b")
+
+
+def test_command_r7b_is_read_from_its_template_and_its_history_rendered_back():
+    assert tool_format(COMMAND_R7B_TEMPLATE) == COHERE
+    # a vocabulary with the markers as special tokens (Command R7B's GGUFs: control tokens)
+    assert tool_format(COMMAND_R7B_TEMPLATE, lambda t: t in COHERE_MARKERS) == \
+        ToolFormat("command_r7b", specials=frozenset(COHERE_MARKERS))
+    messages = [{"role": "user", "content": "beep twice"},
+                {"role": "assistant", "content": PLAN, "tool_calls": [
+                    {"id": "call_a", "type": "function",
+                     "function": {"name": "beep", "arguments": '{"n": 2}'}},
+                    {"id": "call_b", "type": "function",
+                     "function": {"name": "set_unit", "arguments": '{"unit": "c", "loud": true}'}}]},
+                {"role": "tool", "tool_call_id": "call_a", "content": "beeped"},
+                {"role": "assistant", "content": "<|START_THINKING|>Done.<|END_THINKING|>Beeped."}]
+    text = render_with_tools(COMMAND_R7B_TEMPLATE, messages, TOOLS, bos="", eos="", fmt=COHERE)
+    # the reply's plan (its content) is the turn's reasoning_content, before the calls; the
+    # template numbers the calls; an answer's turn has no plan
+    assert text.endswith(
+        "<|USER_TOKEN|>beep twice<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
+        "<|START_THINKING|>Beep, then set the unit.<|END_THINKING|><|START_ACTION|>["
+        '{"tool_call_id": "0", "tool_name": "beep", "parameters": {"n": 2}}, '
+        '{"tool_call_id": "1", "tool_name": "set_unit", "parameters": {"unit": "c", "loud": true}}'
+        "]<|END_ACTION|><|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>"
+        "<|START_TOOL_RESULT|>beeped<|END_TOOL_RESULT|><|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_RESPONSE|>Beeped.<|END_RESPONSE|>"
+        "<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+    # a reasoning_content of its own wins over the plan in the content
+    text = render_with_tools(COMMAND_R7B_TEMPLATE, [messages[0], {
+        **messages[1], "reasoning_content": "Mine."}], TOOLS, bos="", eos="", fmt=COHERE)
+    assert "<|START_THINKING|>Mine.<|END_THINKING|><|START_ACTION|>" in text
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 1000])
+def test_command_r7b_replies_parse_into_the_plan_the_calls_and_the_answer(size):
+    pieces, calls = _parse_in_pieces(COHERE, PLAN + ACTION + "\n", size)
+    # the plan stays content, markers and all (reasoning is not split out of the content)
+    assert "".join(pieces) == PLAN
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("beep", {"n": 2}), ("set_unit", {"unit": "c", "loud": True})]
+    assert len({c.id for c in calls}) == 2 and all(c.id.startswith("call_") for c in calls)
+    # an answer's markers are no content
+    pieces, calls = _parse_in_pieces(COHERE, PLAN + ANSWER, size)
+    assert "".join(pieces) == PLAN + "It beeped twice." and calls == []
+    pieces, calls = _parse_in_pieces(COHERE, ANSWER, size)
+    assert "".join(pieces) == "It beeped twice." and calls == []
+    # without markers (or a partial one) it is all text
+    pieces, calls = _parse_in_pieces(COHERE, "Hi <|START_ there", size)
+    assert "".join(pieces) == "Hi <|START_ there" and calls == []
+    # blanks between the blocks are no content
+    pieces, calls = _parse_in_pieces(COHERE, " \n" + PLAN + "\n" + ACTION + "\n\n", size)
+    assert "".join(pieces) == PLAN and len(calls) == 2
+
+
+def test_command_r7b_streams_each_call_as_it_closes_and_reads_malformed_lists_as_text():
+    p = ToolCallParser(COHERE, TOOLS)
+    assert p.feed(PLAN) == (PLAN, [])
+    assert p.feed(ACTION[:60]) == ("", [])
+    content, calls = p.feed(ACTION[60:100])  # the first call is whole
+    assert content == "" and [c.name for c in calls] == ["beep"]
+    content, calls = p.feed(ACTION[100:])
+    assert content == "" and [c.name for c in calls] == ["set_unit"]
+    assert p.finish() == ("", [])
+    bad_tool = ACTION.replace('"beep"', '"reboot"')
+    bad_args = ACTION.replace('"n": 2', '"n": 9')
+    for text in [PLAN + bad_tool, PLAN + bad_args,
+                 PLAN + "<|START_ACTION|>not a list<|END_ACTION|> after",
+                 PLAN + "<|START_ACTION|>[]<|END_ACTION|>",
+                 PLAN + ACTION[:60]]:  # ended inside the first call, not cut short
+        pieces, calls = _parse_in_pieces(COHERE, text, 3)
+        assert calls == [] and "".join(pieces) == text, text
+    # a later item that is no call ends the list: the whole calls before it stay
+    pieces, calls = _parse_in_pieces(COHERE, ACTION.replace('"unit": "c"', '"unit": "k"'), 3)
+    assert "".join(pieces) == "" and [c.name for c in calls] == ["beep"]
+    # a list without its closing marker: the calls are whole
+    pieces, calls = _parse_in_pieces(COHERE, ACTION[:-len("<|END_ACTION|>")], 4)
+    assert "".join(pieces) == "" and [c.name for c in calls] == ["beep", "set_unit"]
+    # cut short (max_tokens): no half call, no markup; whole calls stay
+    for n, names in ((len(PLAN) + 8, []), (len(PLAN) + 60, []),
+                     (len(PLAN) + 100, ["beep"])):
+        p = ToolCallParser(COHERE, TOOLS)
+        content, calls = p.feed((PLAN + ACTION)[:n])
+        more, rest = p.finish(cut=True)
+        assert content + more == PLAN and [c.name for c in calls + rest] == names, n
+    # stop strings end the content, never a call
+    p = ToolCallParser(COHERE, TOOLS, stops=["then"])
+    assert p.feed(PLAN + ACTION) == ("<|START_THINKING|>Beep, ", []) and p.stopped
+    p = ToolCallParser(COHERE, TOOLS, stops=['"n"'])
+    content, calls = p.feed(PLAN + ACTION)
+    assert content == PLAN and len(calls) == 2 and not p.stopped
+
+
+def _special_walk(grammar: str, text: str) -> bool:
+    """_walk with a vocabulary that holds Command R7B's markers as special tokens."""
+    from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
+
+    ids = {m: 257 + i for i, m in enumerate(COHERE_MARKERS)}
+
+    class Vocabulary:
+        eos_token_id, bos_token_id = 256, None
+        tokens = [bytes([i]) for i in range(256)] + [b"\xff<end>"] + [
+            b"\xff" + m.encode() for m in COHERE_MARKERS]
+        special_token_ids = [256, *ids.values()]
+
+        def __call__(self, data: bytes) -> list[int]:
+            return list(data)
+
+    tokens, i = [], 0
+    while i < len(text):
+        marker = next((m for m in COHERE_MARKERS if text.startswith(m, i)), None)
+        tokens += [ids[marker]] if marker else list(text[i].encode())
+        i += len(marker) if marker else 1
+    m = LLMatcher(LLTokenizer(TokenizerWrapper(Vocabulary())),
+                  grammar_spec("grammar", grammar).compiled, log_level=0)
+    return all(m.consume_token(t) for t in tokens) and m.is_accepting()
+
+
+@pytest.mark.parametrize("special", [False, True], ids=["spelled", "special-tokens"])
+def test_the_command_r7b_grammar_lets_through_exactly_the_valid_calls(special):
+    fmt = ToolFormat("command_r7b", specials=frozenset(COHERE_MARKERS) if special else frozenset())
+    walk = _special_walk if special else _walk
+    one = ACTION.replace(',\n    {"tool_call_id": "1", "tool_name": "set_unit", "parameters": '
+                         '{"unit": "c", "loud": true}}', "")
+    required = tool_grammar(fmt, TOOLS, "required")
+    assert walk(required, PLAN + ACTION) and walk(required, ACTION + "\n")
+    assert walk(required, PLAN + "\n" + ACTION)
+    assert not walk(required, PLAN + ANSWER) and not walk(required, "Sure. " + ACTION)
+    assert not walk(required, ACTION.replace('"n": 2', '"n": 7'))  # not in the enum
+    assert not walk(required, ACTION.replace('"0"', '"zero"'))  # the template's numbers
+    assert not walk(required, "<|START_ACTION|>[]<|END_ACTION|>")  # at least one call
+    single = tool_grammar(fmt, TOOLS, "required", parallel=False)
+    assert walk(single, one) and not walk(single, ACTION)
+    named = tool_grammar(fmt, TOOLS, {"type": "function", "function": {"name": "beep"}})
+    assert walk(named, PLAN + one) and not walk(named, ACTION)
+    auto = tool_grammar(fmt, TOOLS, "auto")  # free up to the action, bound from there
+    assert walk(auto, PLAN + ACTION) and walk(auto, PLAN + ANSWER) and walk(auto, "Hello.")
+    assert not walk(auto, PLAN + ACTION.replace('"n": 2', '"n": 7'))
+    none = tool_grammar(fmt, TOOLS, "none")
+    assert walk(none, PLAN + ANSWER) and not walk(none, PLAN + ACTION)
+
+
+@pytest.mark.parametrize("vocabulary", ["cohere", "cohere-control"])
+def test_command_r7b_calls_from_the_server(files, vocabulary):
+    """A tiny model under Command R7B's template, its markers spelled out or control tokens (the
+    engine writes those as nothing: the reply's text gets them back, server/tools.py
+    text_of): named calls validate, streamed and not, and the round trip renders."""
+    with LiveServer(files[vocabulary], "-t", "1", "-c", "1024", "--drafter", "ngram", "-n",
+                    "400", "--temp", "0.8") as s:
+        c = client(s)
+        prompt = httpx.post(s.url + "/apply-template", timeout=60, json={
+            "messages": [{"role": "user", "content": "go"}], "tools": TOOLS}).json()["prompt"]
+        assert prompt.endswith("<|USER_TOKEN|>go<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|>"
+                               "<|CHATBOT_TOKEN|>")
+        # a plan's text runs free until its closing marker: the tiny model may never write it,
+        # so some seeds end at max_tokens inside the plan; those that call, call validly
+        called = 0
+        for seed in range(4):
+            r = ask(c, {"type": "function", "function": {"name": "beep"}}, seed=seed,
+                    max_tokens=300)
+            choice = r.choices[0]
+            if choice.finish_reason == "tool_calls":
+                called += 1
+                assert [t.function.name for t in choice.message.tool_calls] == ["beep"]
+                _validate(choice.message.tool_calls)
+                assert (choice.message.content or "").startswith("<|START_THINKING|>") or \
+                    choice.message.content is None
+            else:
+                assert choice.finish_reason == "length" and not choice.message.tool_calls
+                assert choice.message.content.startswith("<|START_THINKING|>"), choice
+        assert called, "no seed called"
+        seed = next(seed for seed in range(4) if ask(
+            c, {"type": "function", "function": {"name": "beep"}}, seed=seed,
+            max_tokens=300).choices[0].finish_reason == "tool_calls")
+        kw = dict(seed=seed, max_tokens=300)
+        whole = ask(c, {"type": "function", "function": {"name": "beep"}}, **kw).choices[0]
+        stream = [ch for ch in ask(c, {"type": "function", "function": {"name": "beep"}},
+                                   stream=True, **kw) if ch.choices]
+        deltas = [ch.choices[0].delta for ch in stream]
+        assert [(t.function.name, t.function.arguments) for d in deltas
+                for t in d.tool_calls or []] == [(t.function.name, t.function.arguments)
+                                                  for t in whole.message.tool_calls]
+        assert stream[-1].choices[0].finish_reason == "tool_calls"
+        messages = [{"role": "user", "content": "go"},
+                    whole.message.model_dump(exclude_none=True),
+                    {"role": "tool", "tool_call_id": whole.message.tool_calls[0].id,
+                     "content": "ok"}]
+        prompt = httpx.post(s.url + "/apply-template", timeout=60, json={
+            "messages": messages, "tools": TOOLS}).json()["prompt"]
+        assert '"tool_call_id": "0", "tool_name": "beep", "parameters": ' in prompt
+        assert prompt.endswith("<|START_TOOL_RESULT|>ok<|END_TOOL_RESULT|><|END_OF_TURN_TOKEN|>"
+                               "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+    assert s.returncode == 0

@@ -13,6 +13,14 @@ never reads ``tools`` gets a third, this server's own:
 ``llama3``   Llama 3.1 / 3.2 / 3.3: the whole reply is one JSON object ``{"name": ...,
              "parameters": {...}}`` (optionally after ``<|python_tag|>``). Recognised by the
              Llama 3 header tokens in a template that reads ``tools``.
+``command_r7b``  Cohere's Command R7B: a reply is an optional plan, ``<|START_THINKING|>...
+             <|END_THINKING|>``, then either the answer, ``<|START_RESPONSE|>...<|END_RESPONSE|>``,
+             or the calls, ``<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ...,
+             "parameters": {...}}, ...]<|END_ACTION|>`` (one JSON list, several items for parallel
+             calls). Recognised by ``<|START_ACTION|>`` and ``<|START_RESPONSE|>`` in the
+             template, which renders calls, results and the plan (``reasoning_content``)
+             itself. The plan stays in the content, markers and all (the server does not split
+             reasoning out); the answer's markers do not.
 ``generic``  A template that never reads ``tools`` (the JSON shapes of the generic
              format of earlier llama-server releases): the tools are described in a system message
              added to the chat (:func:`generic_system_prompt`), earlier calls and results are
@@ -46,29 +54,51 @@ from ..errors import InputError
 from ..sampling.constraints import _JSON_OPTIONS as JSON_OPTIONS
 
 __all__ = ["ToolFormat", "tool_format", "render_with_tools", "tool_grammar",
-           "template_reads_tools", "generic_system_prompt"]
+           "template_reads_tools", "generic_system_prompt", "special_markup"]
 
-HERMES, LLAMA3, GENERIC = "hermes", "llama3", "generic"
+HERMES, LLAMA3, COMMAND_R7B, GENERIC = "hermes", "llama3", "command_r7b", "generic"
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FENCE, FENCE_END = "```json", "```"  # a Markdown JSON block: how small models also write calls
 PYTHON_TAG = "<|python_tag|>"
+# Command R7B's markers: its plan, its answer and its calls
+THINK_OPEN, THINK_CLOSE = "<|START_THINKING|>", "<|END_THINKING|>"
+RESPONSE_OPEN, RESPONSE_CLOSE = "<|START_RESPONSE|>", "<|END_RESPONSE|>"
+ACTION_OPEN, ACTION_CLOSE = "<|START_ACTION|>", "<|END_ACTION|>"
+COHERE_MARKERS = (THINK_OPEN, THINK_CLOSE, RESPONSE_OPEN, RESPONSE_CLOSE, ACTION_OPEN,
+                  ACTION_CLOSE)
 _DECODER = json.JSONDecoder()
 BLANK = "BLANK: /[ \\t\\n]{1,2}/\n"  # at most two: a model must not pad forever
 
 
 @dataclass(frozen=True)
 class ToolFormat:
-    """How a model writes its calls: ``kind`` (hermes, llama3 or generic); ``special_open`` /
-    ``special_close``: the opening / closing tag is one special token of the vocabulary (the
-    grammar then names the token rather than its text)."""
+    """How a model writes its calls: ``kind`` (hermes, llama3, command_r7b or generic);
+    ``special_open`` / ``special_close``: the opening / closing tag is one special token of the
+    vocabulary (the grammar then names the token rather than its text); ``specials``: the same
+    for command_r7b, the markers that are one special token each."""
 
     kind: str
     special_open: bool = False
     special_close: bool = False
+    specials: frozenset = frozenset()
 
     @property
     def arguments_key(self) -> str:
-        return "parameters" if self.kind == LLAMA3 else "arguments"
+        return "parameters" if self.kind in (LLAMA3, COMMAND_R7B) else "arguments"
+
+    @property
+    def name_key(self) -> str:
+        return "tool_name" if self.kind == COMMAND_R7B else "name"
+
+
+def special_markup(fmt: ToolFormat) -> tuple[str, ...]:
+    """The convention's tags and markers that are one special token each: a reply must show
+    them in its text for the parser to read it (llama-server's preserved tokens), where the
+    engine writes a control token as nothing."""
+    if fmt.kind == HERMES:
+        return tuple(t for t, special in ((OPEN, fmt.special_open), (CLOSE, fmt.special_close))
+                     if special)
+    return tuple(m for m in COHERE_MARKERS if m in fmt.specials)
 
 
 def template_reads_tools(template: str) -> bool:
@@ -96,13 +126,16 @@ def tool_format(template: str | None, is_special=lambda text: False) -> ToolForm
                          "be given tools", param="tools")
     if not template_reads_tools(template):
         return ToolFormat(GENERIC)
+    if ACTION_OPEN in template and RESPONSE_OPEN in template:
+        return ToolFormat(COMMAND_R7B, specials=frozenset(m for m in COHERE_MARKERS
+                                                          if is_special(m)))
     if OPEN in template:
         return ToolFormat(HERMES, is_special(OPEN), is_special(CLOSE))
     if "<|start_header_id|>" in template:
         return ToolFormat(LLAMA3)
     raise InputError("this model's chat template takes tools, but in a calling convention this "
-                     "server does not parse (it parses Qwen / Hermes <tool_call> and Llama 3.x "
-                     "JSON calls)", param="tools")
+                     "server does not parse (it parses Qwen / Hermes <tool_call>, Llama 3.x "
+                     "JSON and Command R7B <|START_ACTION|> calls)", param="tools")
 
 
 def render_with_tools(template: str, messages: Sequence[dict], tools: Sequence[dict] | None, *,
@@ -114,7 +147,9 @@ def render_with_tools(template: str, messages: Sequence[dict], tools: Sequence[d
     convention of Hugging Face templates, which write them with ``tojson``) and
     ``reasoning_content``; ``tool`` messages carry the results; ``variables`` are given to the
     template too (as render_chat's). ``fmt`` generic (with tools): the
-    messages as :func:`generic_messages` writes them, ``parallel`` choosing the calls' shape.
+    messages as :func:`generic_messages` writes them, ``parallel`` choosing the calls' shape;
+    command_r7b: an assistant's plan at the start of its content (the reply's, markers and all)
+    is its ``reasoning_content`` (:func:`_plan_apart`).
     InputError when the template raises (its own checks)."""
     import jinja2
 
@@ -122,8 +157,9 @@ def render_with_tools(template: str, messages: Sequence[dict], tools: Sequence[d
 
     variables = dict(variables or {})
     generic = fmt is not None and fmt.kind == GENERIC and bool(tools)
+    cohere = fmt is not None and fmt.kind == COMMAND_R7B
     chat = (generic_messages(messages, tools, parallel) if generic else
-            [_for_template(m) for m in messages])
+            [_for_template(_plan_apart(m) if cohere else m) for m in messages])
     try:
         try:
             return apply_template(template, chat, bos=bos, eos=eos,
@@ -201,6 +237,24 @@ def _system_in_first_user(messages: list[dict]) -> list[dict]:
             m["content"] = f"{system}\n\n{m.get('content') or ''}"
             return rest
     return [{"role": "user", "content": system}, *rest]
+
+
+def _plan_apart(message: dict) -> dict:
+    """A Command R7B assistant message whose content opens with the plan a reply carries
+    (``<|START_THINKING|>...<|END_THINKING|>``): the plan's text as its ``reasoning_content``
+    (unless it has one), the rest as its content, as the template writes a turn (the plan before
+    the calls; none before an answer)."""
+    content = message.get("content")
+    if message.get("role") != "assistant" or not isinstance(content, str):
+        return message
+    head = content.lstrip()
+    end = head.find(THINK_CLOSE)
+    if not head.startswith(THINK_OPEN) or end < 0:
+        return message
+    out = {**message, "content": head[end + len(THINK_CLOSE):].lstrip()}
+    if not out.get("reasoning_content"):
+        out["reasoning_content"] = head[len(THINK_OPEN):end]
+    return out
 
 
 def _for_template(message: dict) -> dict:
@@ -294,12 +348,19 @@ def _hoisted(name: str, schema: dict, defs: dict) -> dict:
     return {"$ref": f"#/$defs/{name}"}
 
 
+# a Command R7B call's number: the template numbers its calls "0", "1", ... (a call's OpenAI id
+# is the server's own, as the other conventions'); short, so a model cannot write one forever
+ACTION_ID = {"type": "string", "pattern": "^[0-9]{1,4}$"}
+
+
 def _call_schema(fmt: ToolFormat, tool: dict, defs: dict) -> dict:
     fn = tool["function"]
     params = _hoisted(fn["name"], arguments_schema(fn), defs)
-    return {"type": "object", "properties": {"name": {"const": fn["name"]},
-                                             fmt.arguments_key: params},
-            "required": ["name", fmt.arguments_key], "additionalProperties": False}
+    props = {fmt.name_key: {"const": fn["name"]}, fmt.arguments_key: params}
+    if fmt.kind == COMMAND_R7B:
+        props = {"tool_call_id": ACTION_ID, **props}
+    return {"type": "object", "properties": props, "required": list(props),
+            "additionalProperties": False}
 
 
 def tool_grammar(fmt: ToolFormat, tools: Sequence[dict], choice: str | dict,
@@ -320,6 +381,9 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[dict], choice: str | dict,
         return head + f"start: %json {json.dumps(reply, ensure_ascii=False)} BLANK?\n" + BLANK
     one = _call_schema(fmt, chosen[0], defs) if len(chosen) == 1 else {
         "anyOf": [_call_schema(fmt, t, defs) for t in chosen]}
+    if fmt.kind == COMMAND_R7B:  # one list of calls
+        one = {"type": "array", "items": one, "minItems": 1, **({} if parallel else
+                                                                 {"maxItems": 1})}
     if defs:
         one["$defs"] = defs
     # whitespace between JSON tokens and unimplemented keywords as for --json-schema
@@ -327,6 +391,8 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[dict], choice: str | dict,
     body = "%json " + json.dumps(one, ensure_ascii=False)
     # blanks may end a reply of calls: a model that writes a newline after its last call would
     # otherwise be held to another call (Qwen2.5-Coder does, calling until max_tokens)
+    if fmt.kind == COMMAND_R7B:
+        return head + _cohere_rules(fmt, body, choice)
     if fmt.kind == LLAMA3:
         # a reply is a call, or text that does not start with "{"
         text = 'TEXT: /([ \\t\\n]*[^{ \\t\\n](.|\\n)*)?/\n'
@@ -354,6 +420,39 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[dict], choice: str | dict,
         return head + f"start: {calls} TEXT\n" + call + text
     more = ' ("\\n" call)*' if parallel else ""
     return head + f"start: call{more} BLANK?\n" + call + BLANK
+
+
+def _cohere_rules(fmt: ToolFormat, body: str, choice: str | dict) -> str:
+    """The rules of a Command R7B reply whose list of calls is ``body`` (``%json``). ``auto``:
+    anything up to ``<|START_ACTION|>`` (plan and answer unconstrained, as llama-server's lazy
+    grammar), then the list and ``<|END_ACTION|>``; ``none``: anything without it; ``required``
+    and a named function: an optional plan, then the calls. A marker that is one special token
+    is named (no text lexeme can hold it), else spelled out, and a spelled-out marker ends the
+    text before it inside one lazy lexeme (as hermes's tag)."""
+    def tag(marker: str) -> str:
+        return marker if marker in fmt.specials else json.dumps(marker)
+
+    calls = f"calls: BLANK? {body} BLANK? {tag(ACTION_CLOSE)}\n" + BLANK
+    if choice not in ("auto", "none"):
+        if THINK_OPEN in fmt.specials and THINK_CLOSE in fmt.specials:
+            plan = f"plan: {THINK_OPEN} FREE? {THINK_CLOSE}\nFREE: /(.|\\n)+/\n"
+        else:
+            plan = (f"plan[lazy]: {tag(THINK_OPEN)} PLAN {tag(THINK_CLOSE)}\n"
+                    "PLAN: /(.|\\n)*/\n")
+        return f"start: plan? BLANK? {tag(ACTION_OPEN)} calls BLANK?\n" + plan + calls
+    if ACTION_OPEN in fmt.specials:
+        # the other markers, where special, come between the pieces of text
+        pieces = " | ".join(["FREE", *(m for m in (THINK_OPEN, THINK_CLOSE, RESPONSE_OPEN,
+                                                   RESPONSE_CLOSE) if m in fmt.specials)])
+        text = f"text: ({pieces})*\nFREE: /(.|\\n)+/\n"
+        if choice == "none":
+            return "start: text\n" + text
+        return f"start: text ({ACTION_OPEN} calls BLANK?)?\n" + text + calls
+    text = f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{_regex(ACTION_OPEN)}(.|\\n)*/\n"
+    if choice == "none":
+        return "start: TEXT\n" + text
+    return (f"start: TEXT | opening calls BLANK?\nopening[lazy]: TEXT {tag(ACTION_OPEN)}\n"
+            + text + calls)
 
 
 def _generic_schema(fmt: ToolFormat, chosen: Sequence[dict], choice: str | dict, parallel: bool,

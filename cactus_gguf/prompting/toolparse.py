@@ -11,8 +11,9 @@ from typing import Any, Sequence
 
 from ..sampling.constraints import json_matches
 from .text import StopMatcher
-from .toolcalls import (CLOSE, FENCE, FENCE_END, GENERIC, HERMES, LLAMA3, OPEN, PYTHON_TAG,
-                        ToolFormat, arguments_schema)
+from .toolcalls import (ACTION_CLOSE, ACTION_OPEN, CLOSE, COMMAND_R7B, FENCE, FENCE_END, GENERIC,
+                        HERMES, LLAMA3, OPEN, PYTHON_TAG, RESPONSE_CLOSE, RESPONSE_OPEN,
+                        THINK_CLOSE, THINK_OPEN, ToolFormat, arguments_schema)
 
 __all__ = ["ToolCall", "ToolCallParser"]
 
@@ -51,7 +52,9 @@ class ToolCallParser:
     A hermes call is found in three shapes: the template's ``<tool_call>`` tags (where the grammar
     binds it), a ```` ```json ```` block holding the call object, and a reply that is the bare
     object (small models write those two under tool_choice auto: Qwen2.5-Coder-1.5B does). A
-    llama3 call is the reply itself. A generic reply is one JSON object: its ``response`` is the
+    llama3 call is the reply itself. A command_r7b reply is read block by block: its plan is
+    content with its markers, its answer content without them, and each call of its action list
+    is handed out as it closes. A generic reply is one JSON object: its ``response`` is the
     content (streamed as the string grows), its ``tool_calls`` the calls (each handed out once
     whole), its ``tool_call`` the one call; a reply in no such shape is text, and so is one cut
     short before any of its calls was whole (a cut response is its text so far). Whatever the
@@ -79,8 +82,10 @@ class ToolCallParser:
         self._stops = StopMatcher(self._stop_strings)  # the content since the last call
         self.stopped = False  # a stop string ended the content
         self._said = ""  # generic: the response text handed to the content so far
-        self._parse = {HERMES: self._hermes, LLAMA3: self._llama3,
-                       GENERIC: self._generic}[fmt.kind]
+        self._in: str | None = None  # command_r7b: the block the text is in (_cohere)
+        self._handed = 0  # command_r7b: the calls of the open action block handed out
+        self._parse = {HERMES: self._hermes, LLAMA3: self._llama3, GENERIC: self._generic,
+                       COMMAND_R7B: self._cohere}[fmt.kind]
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         if self.stopped:
@@ -96,7 +101,8 @@ class ToolCallParser:
 
     def _accept(self, obj: Any) -> ToolCall | None:
         """A parsed JSON value as a call, or None when it is not a valid call of a tool."""
-        if not isinstance(obj, dict) or obj.get("name") not in self.schemas:
+        name = obj.get(self.fmt.name_key) if isinstance(obj, dict) else None
+        if name not in self.schemas:
             return None
         args = obj.get(self.fmt.arguments_key, obj.get("arguments", obj.get("parameters", {})))
         if isinstance(args, str):  # some models write the arguments as JSON text
@@ -104,9 +110,9 @@ class ToolCallParser:
                 args = json.loads(args)
             except json.JSONDecodeError:
                 return None
-        if not isinstance(args, dict) or not json_matches(self.schemas[obj["name"]], args):
+        if not isinstance(args, dict) or not json_matches(self.schemas[name], args):
             return None
-        return ToolCall(_call_id(), obj["name"], json.dumps(args, ensure_ascii=False))
+        return ToolCall(_call_id(), name, json.dumps(args, ensure_ascii=False))
 
     def _next(self, buf: str) -> tuple[int, str]:
         """Where the next possible call starts in ``buf`` and its shape, or (-1, "")."""
@@ -235,6 +241,121 @@ class ToolCallParser:
         self.buffer = ""
         self.calls.extend(calls)
         return "", calls
+
+    # the markers that end the text of each Command R7B block (None: outside the blocks; a plan
+    # also ends where the answer or the calls begin, as llama-server reads it)
+    _ENDS = {None: (THINK_OPEN, RESPONSE_OPEN, ACTION_OPEN),
+             "plan": (THINK_CLOSE, RESPONSE_OPEN, ACTION_OPEN), "answer": (RESPONSE_CLOSE,)}
+
+    def _cohere(self, final: bool, cut: bool = False) -> tuple[str, list[ToolCall]]:
+        """A Command R7B reply, block by block: the plan (its text and markers) and the answer
+        (its text without them) are content, released as they come, text outside the blocks
+        too; an action block hands out each call of its list as it closes (_action)."""
+        content, calls = [], []
+        while not self.stopped:
+            buf = self.buffer
+            if self._in == "action":
+                new, end = self._action(buf, final, cut)
+                if new:
+                    if self._handed == 0:
+                        content.append(self._end_text())
+                    self._handed += len(new)
+                    self.calls.extend(new)
+                    calls.extend(new)
+                    self._last = "call"
+                if end is None:
+                    break
+                if end < 0:  # no call in it: the block is text
+                    end = -end
+                    content.append(self._text(buf[:end]))
+                self._in, self.buffer = None, buf[end:]
+                continue
+            ends = self._ENDS[self._in]
+            found = [(i, m) for i, m in ((buf.find(m), m) for m in ends) if i >= 0]
+            if not found:
+                keep = 0 if final else max(_partial_tail(buf, m) for m in ends)
+                text = buf[:len(buf) - keep]
+                if final and cut:  # cut inside a marker: no markup in the content
+                    text = text[:len(text) - max(_partial_tail(text, m) for m in ends)]
+                if self._in is None and not final:  # blanks wait: between blocks they are none
+                    keep += len(text) - len(text.rstrip())
+                    text = text.rstrip()
+                elif self._in is None and not text.strip():
+                    text = ""
+                content.append(self._text(text))
+                self.buffer = buf[len(buf) - keep:]
+                break
+            at, marker = min(found)
+            text = buf[:at]
+            if self._in is None and not text.strip():
+                text = ""  # blanks between blocks
+            content.append(self._text(text))
+            if self.stopped:
+                break
+            if marker in (THINK_OPEN, THINK_CLOSE):  # the plan stays content, markers and all
+                content.append(self._text(marker))
+            self.buffer = buf[at:] if marker == ACTION_OPEN else buf[at + len(marker):]
+            self._in = {THINK_OPEN: "plan", RESPONSE_OPEN: "answer",
+                        ACTION_OPEN: "action"}.get(marker)
+            self._handed = 0
+        if self.stopped:
+            self.buffer = ""
+        return "".join(content), calls
+
+    def _action(self, buf: str, final: bool, cut: bool) -> tuple[list[ToolCall], int | None]:
+        """The action block ``buf`` opens with: its calls not handed out yet, in order, up to
+        the first item that is not a valid call, and where the block ends: None while it is
+        open, -end when it holds no call (then it is text), else end. A block cut short, or
+        ended without its closing marker, ends at the reply's end."""
+        i = _skip_space(buf, len(ACTION_OPEN))
+        new: list[ToolCall] = []
+        close, bad, k = None, i < len(buf) and buf[i] != "[", 0
+        i += 1
+        while not bad and i < len(buf):
+            i = _skip_space(buf, i)
+            if buf.startswith("]", i):
+                close = i + 1
+                break
+            try:
+                obj, i = _DECODER.raw_decode(buf, i)
+            except json.JSONDecodeError:
+                break  # not whole yet
+            if k >= self._handed:
+                call = self._accept(obj)
+                if call is None:
+                    bad = True
+                    break
+                new.append(call)
+            k += 1
+            i = _skip_space(buf, i)
+            if buf.startswith(",", i):
+                i += 1
+            elif buf.startswith("]", i):
+                close = i + 1
+                break
+            else:
+                bad = i < len(buf)
+                break
+        some = bool(self._handed or new)
+        if close is not None and not bad:
+            j = _skip_space(buf, close)
+            if buf.startswith(ACTION_CLOSE, j):
+                return new, (j + len(ACTION_CLOSE)) * (1 if some else -1)
+            if not final and ACTION_CLOSE.startswith(buf[j:]):
+                return new, None  # the closing marker is on its way
+            end = len(buf) if ACTION_CLOSE.startswith(buf[j:]) else close
+            return new, end if some else -end
+        if bad:  # the list ends here: the block ends at its closing marker
+            j = buf.find(ACTION_CLOSE)
+            if j < 0 and not final:
+                return new, None
+            end = len(buf) if j < 0 else j + len(ACTION_CLOSE)
+            return new, end if some else -end
+        if not final:
+            return new, None
+        # the reply ended inside the list: the whole calls stay; cut short before any, nothing
+        # (no half call, no markup); else the block is text
+        return new, len(buf) if some or cut else -len(buf)
 
     def _generic(self, final: bool, cut: bool = False) -> tuple[str, list[ToolCall]]:
         """A generic reply: the response's text as far as it is decoded, the calls of a

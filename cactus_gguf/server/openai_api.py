@@ -218,7 +218,7 @@ async def _generate(request: HttpRequest, body, chat: bool, choice, count: int) 
         answer,
         lambda e: error_of(e, state.redact, body),
         # tool calls: parsed as the text comes, so a stop string in the content ends the job
-        **({} if shape.tools is None else {"piece": lambda chunk: shape.tools.take(chunk.text)}))
+        **({} if shape.tools is None else {"piece": lambda chunk: shape.tools.take_chunk(chunk)}))
 
 
 def verbose_object(engine, job: Job, text: str, result, model: str) -> dict:
@@ -259,7 +259,7 @@ async def _several(request: HttpRequest, body, chat: bool, choice, count: int) -
         answer = await started.watch.answer(
             lambda text, result: shape.response(text, result, job.stopped_by),
             lambda e: error_of(e, state.redact, body),
-            **({} if shape.tools is None else {"piece": lambda c: shape.tools.take(c.text)}))
+            **({} if shape.tools is None else {"piece": lambda c: shape.tools.take_chunk(c)}))
         if isinstance(answer, Response):
             return answer
         answers.append((j, answer))
@@ -317,7 +317,7 @@ class _Shape:
         finish = FINISH.get(stopped_by or result.stop_reason, "stop")
         message = {"role": "assistant", "content": text}
         if self.tools is not None:  # the calls parsed out of the text
-            message = self.tools.message(text, finish)
+            message = self.tools.message(text, finish, result.tokens)
             finish = self.tools.finish_reason(finish)
         choice = ({"index": 0, "message": message,
                    "finish_reason": finish, "logprobs": self.logprobs(result.logprobs)} if self.chat else
@@ -354,7 +354,8 @@ class _Shape:
     def text_chunk(self, c) -> dict:
         """The chunk of an engine Chunk ``c``: its text, sources, log-probabilities, and its
         ``timings`` under ``timings_per_token``."""
-        return {**self.chunk(text=c.text, segments=c.segments, logprobs=c.logprobs),
+        text = c.text if self.tools is None else self.tools.text_of(c)  # markup written in
+        return {**self.chunk(text=text, segments=c.segments, logprobs=c.logprobs),
                 **telemetry(self.request, chunk=c)}
 
     def progress_chunk(self, p) -> dict:

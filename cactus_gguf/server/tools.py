@@ -13,6 +13,7 @@ residual alike (docs/server.md "Structured output").
 """
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from typing import Any, Generic, Literal, TypeVar, Union
@@ -24,7 +25,7 @@ from ..errors import InputError
 from ..sampling.constraints import grammar_spec
 from ..prompting.toolparse import ToolCallParser
 from ..prompting.toolcalls import (GENERIC, ToolFormat, arguments_schema,
-                                   render_with_tools, tool_format, tool_grammar)
+                                   render_with_tools, special_markup, tool_format, tool_grammar)
 from .schemas import reasoning_of
 
 __all__ = ["ToolPlan", "ToolReply"]
@@ -120,6 +121,10 @@ class ToolPlan:
         # the request's stop strings: the content's, never a call's (ToolCallParser), so the
         # engine runs without them when calls are allowed (prepare())
         self.stops: tuple[str, ...] = ()
+        # the convention's markup that is one control token (prepare()): id -> its text,
+        # written into the reply's text (the engine writes a control token as nothing)
+        self.markup: dict[int, bytes] = {}
+        self._piece = None  # the model's token_to_piece (prepare())
 
     @property
     def calls_allowed(self) -> bool:
@@ -198,6 +203,11 @@ class ToolPlan:
         template = model.chat_template()
         if self.tools:
             self.format = tool_format(template, lambda text: _is_special(model, text))
+            self._piece = model.token_to_piece
+            for text in special_markup(self.format):
+                token = model.tokenize(text, add_special=False, parse_special=True)[0]
+                if not model.token_to_piece(token):  # a control token: the text leaves it out
+                    self.markup[token] = text.encode()
             if self.constrained_by:
                 raise InputError(f"{self.constrained_by} cannot be combined with tools: the "
                                  "reply has the tool calls' grammar (leave the tools out)",
@@ -232,7 +242,8 @@ class ToolPlan:
         """The reply's shaper (after prepare), or None when the reply is plain text."""
         if not self.parsed:
             return None
-        return ToolReply(ToolCallParser(self.format, self.tools, self.stops))
+        return ToolReply(ToolCallParser(self.format, self.tools, self.stops), self.markup,
+                         self._piece)
 
 
 def _check_parameters(function: dict, field: str) -> None:
@@ -320,8 +331,12 @@ class ToolReply:
     drops the call it ends inside: no half call, and no markup in the content (the generic
     format's reply cut inside its first call: its JSON text, ToolCallParser)."""
 
-    def __init__(self, parser: ToolCallParser) -> None:
+    def __init__(self, parser: ToolCallParser, markup: dict[int, bytes] | None = None,
+                 piece=None) -> None:
         self.parser = parser
+        self.markup = markup or {}  # special tokens written into the text (text_of)
+        self._piece = piece
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         self.n_calls = 0
         self.on_stop = lambda: None
         self._told = False
@@ -340,6 +355,16 @@ class ToolReply:
         finish = "stop" if self.stopped else finish
         return "tool_calls" if self.called and finish == "stop" else finish
 
+    def text_of(self, chunk) -> str:
+        """An engine chunk's text as the parser reads it: with the convention's markup that is
+        one control token (Command R7B's markers), which the engine's text leaves out, written
+        in (llama-server's preserved tokens): the chunk's tokens decoded here."""
+        return self._decode(chunk.tokens) if self.markup else chunk.text
+
+    def _decode(self, tokens, final: bool = False) -> str:
+        data = b"".join(self.markup.get(t) or self._piece(t) for t in tokens)
+        return self._utf8.decode(data, final)
+
     def _feed(self, text: str):
         out = self.parser.feed(text)
         if self.parser.stopped and not self._told:
@@ -356,8 +381,12 @@ class ToolReply:
         """A streamed chunk's delta for the next piece of text (None: the reply ended, with the
         engine's ``finish`` reason): the content that is final and the calls completed, ``{}``
         when everything is held back."""
-        content, calls = self._feed(text) if text is not None else \
-            self.parser.finish(cut=finish == "length")
+        if text is None:
+            content, calls = self._feed(self._decode((), True)) if self.markup else ("", [])
+            more, rest = self.parser.finish(cut=finish == "length")
+            content, calls = content + more, calls + rest
+        else:
+            content, calls = self._feed(text)
         out: dict[str, Any] = {}
         if content:
             out["content"] = content
@@ -374,13 +403,21 @@ class ToolReply:
         taken[1].extend(calls)
         return text
 
-    def message(self, text: str, finish: str = "stop") -> dict:
+    def take_chunk(self, chunk) -> str:
+        """take() of an engine chunk's text (text_of)."""
+        return self.take(self.text_of(chunk))
+
+    def message(self, text: str, finish: str = "stop", tokens=None) -> dict:
         """The whole reply as OpenAI's assistant message (content None when there is only
-        calls): ``text``, unless take() had it piece by piece; ``finish``: the engine's finish
-        reason."""
+        calls): ``text`` (its ``tokens`` decoded where markup is written in, text_of), unless
+        take() had it piece by piece; ``finish``: the engine's finish reason."""
         if self._taken is None:
+            if self.markup and tokens is not None:
+                text = self._decode(tokens, True)
             content, calls = self._feed(text)
         else:
+            if self.markup:  # a character the last chunk ended inside
+                self.take(self._decode((), True))
             content, calls = "".join(self._taken[0]), self._taken[1]
             self._taken = None
         rest, more = self.parser.finish(cut=finish == "length")
