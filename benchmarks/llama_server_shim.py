@@ -20,11 +20,9 @@ Each llama-server flag is one of these kinds:
 Defaults that differ: llama-server allows browser pages from any origin unless
 ``--cors-origins`` says otherwise, where serve sends no CORS headers unless ``--cors-origin`` is
 given (a safer default, kept on purpose: docs/server.md). The shim translates what llama-server
-would do, so a command line without ``--cors-origins`` becomes ``--cors-origin '*'``. That is the
-same policy, not the same headers: for ``*`` llama-server also sends
-``Access-Control-Allow-Credentials: true`` and echoes the page's origin, which serve does not (a
-credentialed any-origin policy is one the operator should ask for by name), so the tests that
-read those headers still fail for that reason, not for a missing translation.
+would do, so a command line without ``--cors-origins`` becomes ``--cors-origin '*'``, which serve
+answers with llama-server's headers (the page's origin echoed, credentials allowed, its method
+list, any header: cactus_gguf/server/cors.py).
 
 Acceptance: llama-server's speculation accepts a draft token when the verifier's own sample
 is that token (the draft never touches the verifier's random numbers), which is serve's

@@ -123,6 +123,51 @@ def test_a_wrong_key_is_an_authentication_error_on_every_route(files):
         assert ok.status_code == 200
 
 
+PREFLIGHT = {"Origin": "http://web.example", "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "Authorization"}
+
+
+def raw_headers(r: httpx.Response) -> dict[str, str]:
+    """The response's headers as sent, names spelt as on the wire (a case-sensitive dict, as
+    llama.cpp's server tests read them)."""
+    return {k.decode(): v.decode() for k, v in r.headers.raw}
+
+
+def test_cors_and_the_web_ui_files_as_llama_servers(files, server):
+    """--cors-origin '*' answers as llama-server's any-origin CORS: the page's origin echoed with
+    credentials allowed, its method list, any header; on the API key's 401 too. Header names are
+    spelt as llama-server spells them. Its web UI's fixed files are public. Without
+    --cors-origin (the fixture server) no CORS header is sent."""
+    with serving(files["ver"], "-t", "1", "--method", "none", "-n", "2", "--api-key", "k3y",
+                 "--cors-origin", "*") as s:
+        r = httpx.options(s.url + "/completions", headers=PREFLIGHT)
+        headers = raw_headers(r)
+        assert r.status_code == 200, r.text
+        assert headers["Access-Control-Allow-Origin"] == "http://web.example"
+        assert headers["Access-Control-Allow-Credentials"] == "true"
+        assert headers["Access-Control-Allow-Methods"] == "GET, POST, DELETE, OPTIONS"
+        assert headers["Access-Control-Allow-Headers"] == "*"
+        refused = httpx.post(s.url + "/completion", json={"prompt": "a"},
+                             headers={"Origin": "http://web.example"})
+        headers = raw_headers(refused)
+        assert refused.status_code == 401
+        assert headers["Access-Control-Allow-Origin"] == "http://web.example"
+        assert headers["Content-Type"] == "application/json"
+        for path in ("/", "/sw.js", "/manifest.webmanifest", "/_app/version.json"):
+            assert httpx.get(s.url + path).status_code == 200, path
+        worker = httpx.get(s.url + "/sw.js")
+        assert worker.headers["content-type"].startswith("application/javascript")
+        assert "unregister()" in worker.text and worker.headers["cache-control"] == "no-cache"
+        manifest = httpx.get(s.url + "/manifest.webmanifest")
+        assert manifest.headers["content-type"].startswith("application/manifest+json")
+        assert manifest.json()["start_url"] == "/"
+        assert '<link rel="manifest" href="/manifest.webmanifest">' in httpx.get(s.url + "/").text
+        props = httpx.get(s.url + "/props", headers={"Authorization": "Bearer k3y"}).json()
+        assert httpx.get(s.url + "/_app/version.json").json() == {"version": props["build_info"]}
+    r = httpx.options(server.url + "/completions", headers=PREFLIGHT)
+    assert not any(k.lower().startswith("access-control-") for k in raw_headers(r))
+
+
 # ---- the Responses API --------------------------------------------------------------------------
 
 RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
@@ -140,10 +185,16 @@ def test_responses_text_streamed_and_not(server):
                                      temperature=0, stream=True))
     kinds = [e.type for e in events]
     assert kinds[:2] == ["response.created", "response.in_progress"]
-    assert kinds[-1] == "response.incomplete"
+    # llama-server's last event whatever the finish; the response says why it stopped
+    assert kinds[-1] == "response.completed" and "response.incomplete" not in kinds
+    assert events[-1].response.status == "incomplete"
+    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == \
         r.output_text == events[-1].response.output_text
     assert [e.sequence_number for e in events] == list(range(1, len(events) + 1))
+    with c.responses.stream(model="m", input="hello", max_output_tokens=6, temperature=0) as s:
+        final = s.get_final_response()  # (the openai helper raises without response.completed)
+    assert final.output_text == r.output_text and final.status == "incomplete"
 
 
 def test_responses_refuse_what_llama_server_refuses(server):
@@ -228,8 +279,21 @@ def test_anthropic_errors_are_anthropics_shape(server):
             {"type": "image", "source": {"type": "url", "url": "http://x"}}]}])
     assert e.value.body["type"] == "error" and "messages.0.content.0" in \
         e.value.body["error"]["message"]
-    r = post(server, "/v1/messages", {"max_tokens": 4, "messages": []})
+    r = post(server, "/v1/messages", {"max_tokens": 4, "messages": [{"role": "user"}]})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_an_empty_anthropic_messages_list_is_served(server):
+    """As llama-server: the template renders the empty list (here: the assistant's turn opened),
+    and the reply comes. OpenAI's chat body still needs a message (a 400)."""
+    r = post(server, "/v1/messages", {"max_tokens": 3, "messages": []})
+    assert r.status_code == 200, r.text
+    assert r.json()["type"] == "message" and r.json()["usage"]["output_tokens"] == 3
+    count = post(server, "/v1/messages/count_tokens", {"messages": []}).json()["input_tokens"]
+    assert count == len(post(server, "/tokenize", {"content": "assistant:",
+                                                   "add_special": True}).json()["tokens"])
+    r = post(server, "/v1/chat/completions", {"messages": [], "max_tokens": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
 
 
 def test_an_anthropic_tool_call_round_trip(tool_server):
@@ -404,6 +468,10 @@ def test_llama_servers_small_behaviours(server, files):
     assert "<!doctype html>" in httpx.get(server.url + "/").text
     with LiveServer(files["ver"], "-t", "1", "--method", "none", "--no-ui") as s:
         assert httpx.get(s.url + "/").status_code == 404
+        for path in ("/manifest.webmanifest", "/_app/version.json"):
+            assert httpx.get(s.url + path).status_code == 404, path
+        # the worker that removes a kept llama-server UI's is served without a page too
+        assert "unregister()" in httpx.get(s.url + "/sw.js").text
 
 
 def test_a_chat_template_file_replaces_the_ggufs(files, tmp_path):

@@ -148,7 +148,9 @@ def _http_server(plan: ServePlan, worker: Worker, gcp: GcpCompat | None,
 
     # uvicorn waits this long for open connections (the running request's grace, then its last
     # event; the streams' own wait is shutdown_grace + 5 s, app.py) before it cancels them
-    return Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+    # http="h11": it writes header names as the app spells them (llama-server's spelling,
+    # server/cors.py), where httptools would lower-case them
+    return Server(uvicorn.Config(app, log_level="warning", lifespan="off", http="h11",
                                  timeout_graceful_shutdown=config.shutdown_grace + 15))
 
 

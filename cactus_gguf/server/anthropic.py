@@ -113,7 +113,7 @@ class MessagesRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     model: str | None = None
-    messages: list[_Message] = Field(min_length=1)
+    messages: list[_Message]  # none is a chat too, as llama-server serves it
     system: Union[str, list[_Block], None] = None
     max_tokens: int | None = None
     stop_sequences: list[str] | None = None
@@ -321,7 +321,7 @@ class _Events:
 
 @router.post("/v1/messages")
 async def messages(body: MessagesRequest, request: HttpRequest):
-    started = await start_chat(request, chat_request(chat_body(body)))
+    started = await start_chat(request, chat_request(chat_body(body), empty=True))
     if isinstance(started, Response):
         return _from_openai(started)
     state = request.app.state
@@ -341,5 +341,5 @@ async def messages(body: MessagesRequest, request: HttpRequest):
 @router.post("/v1/messages/count_tokens")
 async def messages_count_tokens(body: MessagesRequest, request: HttpRequest):
     """The tokens of a Messages body's prompt (its template, system and tools)."""
-    return {"input_tokens": await count_tokens(request, chat_request(chat_body(body)))}
+    return {"input_tokens": await count_tokens(request, chat_request(chat_body(body), empty=True))}
 

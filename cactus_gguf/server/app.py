@@ -37,10 +37,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import CactusError
 from .core import not_ready
+from .cors import CanonicalHeaders, LlamaCors
 from .fim import router as fim_router
 from .http_errors import error, error_of, invalid_body, llama_error
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .native_api import is_native, model_facts, router as native_router
+from .report import build_info
 from .anthropic import router as anthropic_router
 from .openai_api import router as openai_router
 from .responses import router as responses_router
@@ -51,7 +53,8 @@ __all__ = ["ServerConfig", "create_app"]
 MAX_BODY = 8 << 20  # bytes: a chat far longer than any context still fits
 SHUTDOWN_GRACE = 5.0  # seconds the running request may take to finish after SIGTERM / Ctrl-C
 # no API key asked (llama-server's public endpoints, and this server's page and request schemas)
-PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/", "/docs", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/", "/docs", "/openapi.json", "/sw.js",
+                          "/manifest.webmanifest", "/_app/version.json"})
 # the reads a monitor polls: they neither wake sleeping models nor count in cactus_requests, so
 # scraping an idle (or sleeping) server reads the same text each time, as llama-server's
 MONITORING_PATHS = frozenset({"/health", "/v1/health", "/metrics", "/props", "/models",
@@ -168,14 +171,7 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
     app.include_router(anthropic_router)  # /v1/messages: anthropic.py
     app.include_router(native_router)  # llama-server's /completion, /tokenize, ...: native_api.py
     app.include_router(fim_router)  # llama-server's /infill: fim.py
-    static = resources.files("cactus_gguf.server") / "static"
-    app.mount("/static", StaticFiles(directory=str(static)), name="static")
-
-    @app.get("/", include_in_schema=False)
-    async def page():
-        if not config.ui:
-            return error(404, "this server was started with --no-ui: no chat page")
-        return FileResponse(str(static / "index.html"))
+    _install_page(app, config)
 
     @app.get("/health")
     @app.get("/v1/health")
@@ -193,12 +189,10 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
         if not config.metrics:
             return llama_error(501, "this server does not serve metrics: start it with --metrics")
         metrics.state(waiting=worker.waiting, processing=worker.processing)
-        # llama-server's header: when this process started (Unix seconds), spelt as llama-server
-        # spells it (a raw header: Starlette would lower-case it, and clients that read the
-        # headers as a plain dict look it up by that spelling)
-        response = Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
-        response.raw_headers.append((b"Process-Start-Time-Unix", str(config.created).encode()))
-        return response
+        # llama-server's header: when this process started (Unix seconds; its spelling:
+        # CanonicalHeaders, server/cors.py)
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST,
+                        headers={"Process-Start-Time-Unix": str(config.created)})
 
     @app.get("/v1/models")
     @app.get("/models")
@@ -219,6 +213,39 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
 
 
 MAX_INSTANCES = 128  # Vertex AI instances per prediction (llama-server's limit)
+def _install_page(app: FastAPI, config: ServerConfig) -> None:
+    """The chat page (``/``, its files under ``/static``) and the three files that
+    llama-server's web UI has at fixed paths, which browsers and PWA tools ask for: the page's
+    web app manifest, SvelteKit's ``/_app/version.json`` (this server's build) and ``/sw.js``, a
+    service worker that removes one a browser kept from llama-server's UI (static/sw.js; served
+    with ``--no-ui`` too, as llama-server's). All public, revalidated on each use."""
+    static = resources.files("cactus_gguf.server") / "static"
+    app.mount("/static", StaticFiles(directory=str(static)), name="static")
+    no_ui = "this server was started with --no-ui: no chat page"
+    fresh = {"Cache-Control": "no-cache"}
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return FileResponse(str(static / "index.html")) if config.ui else error(404, no_ui)
+
+    @app.get("/manifest.webmanifest", include_in_schema=False)
+    async def manifest():
+        if not config.ui:
+            return error(404, no_ui)
+        return FileResponse(str(static / "manifest.webmanifest"), headers=fresh,
+                            media_type="application/manifest+json")
+
+    @app.get("/_app/version.json", include_in_schema=False)
+    async def ui_version():
+        return JSONResponse({"version": build_info()}, headers=fresh) if config.ui \
+            else error(404, no_ui)
+
+    @app.get("/sw.js", include_in_schema=False)
+    async def service_worker():
+        return FileResponse(str(static / "sw.js"), media_type="application/javascript",
+                            headers=fresh)
+
+
 
 
 def _gcp_format(path: str) -> str:
@@ -326,12 +353,10 @@ def _all_routes(routes) -> list:
 
 def _install_middleware(app: FastAPI, config: ServerConfig, metrics: Metrics,
                         paths: set[str]) -> None:
-    if config.cors_origins:
-        from fastapi.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
-                           allow_methods=["*"], allow_headers=["*"])
-    app.add_middleware(_Guard, config=config, metrics=metrics, paths=paths)  # outermost
+    app.add_middleware(_Guard, config=config, metrics=metrics, paths=paths)
+    if config.cors_origins:  # outside the guard: its 401 and 413 carry them too (llama-server's)
+        app.add_middleware(LlamaCors, origins=config.cors_origins)
+    app.add_middleware(CanonicalHeaders)  # outermost: header names as llama-server spells them
 
 
 class _Guard:

@@ -14,8 +14,10 @@ one ``function_call`` item per call, ``status`` ``completed`` or ``incomplete``
 (``incomplete_details.reason`` ``max_output_tokens``), and ``usage``; streamed, the Responses
 events (``response.created``, ``response.output_item.added``, ``response.output_text.delta``,
 ``response.function_call_arguments.delta`` / ``.done``, ``response.output_item.done``,
-``response.completed``; ``error`` when the engine fails or the shutdown cuts the reply), each with
-its ``sequence_number``. This server's ``speculative`` block rides along on the response.
+``response.completed``, also for a reply cut by ``max_output_tokens`` (llama-server's last event
+whatever the finish, where OpenAI sends ``response.incomplete``; the response in it still says
+``incomplete`` with the reason); ``error`` when the engine fails or the shutdown cuts the reply),
+each with its ``sequence_number``. This server's ``speculative`` block rides along on the response.
 llama-server's stream telemetry passes through: ``return_progress`` adds a
 ``response.in_progress`` event with ``prompt_progress`` per report of the prompt's processing,
 ``timings_per_token`` the ``timings`` on each chunk's last event; ``response.completed`` always
@@ -304,8 +306,11 @@ class _Reply:
     def end(self, last_chunk: dict, result) -> list[dict]:
         out = self._chunk(last_chunk) + self._end_text()
         finish = last_chunk["choices"][0]["finish_reason"]
+        # llama-server's last event whatever the finish (its clients and the openai package's
+        # stream helper wait for it; OpenAI sends response.incomplete for a cut reply): the
+        # response in it still says incomplete, with the reason, as the whole one does
         status = "incomplete" if finish == "length" else "completed"
-        out.append(self.event(f"response.{status}", response=self.response(
+        out.append(self.event("response.completed", response=self.response(
             status, finish, result, last_chunk.get("speculative")),
             timings=last_chunk["timings"]))
         return out

@@ -35,7 +35,8 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator)
 
 from ..errors import InputError
 from ..options.speculation import check_speculation
@@ -125,7 +126,7 @@ class _Common(BaseModel):
 
 
 class ChatCompletionRequest(_Common):
-    messages: list[Message] = Field(min_length=1)
+    messages: list[Message]
     max_completion_tokens: int | None = None
     top_logprobs: int | None = None
     # the chat template's switches (Hugging Face's names, as llama-server and vLLM take them): a
@@ -135,6 +136,16 @@ class ChatCompletionRequest(_Common):
     # llama-server's: variables for the chat template (enable_thinking, ...: Engine.template_variables)
     chat_template_kwargs: dict[str, Any] | None = None
 
+
+    @field_validator("messages")
+    @classmethod
+    def _not_empty(cls, messages: list[Message], info: ValidationInfo) -> list[Message]:
+        """At least one message (OpenAI's check), unless the body is another API's converted
+        one that allows none (``chat_request``'s ``empty``: an Anthropic body, as llama-server
+        renders its empty list)."""
+        if not messages and not (info.context or {}).get("empty_messages"):
+            raise ValueError("List should have at least 1 item after validation, not 0")
+        return messages
 
 class CompletionRequest(_Common):
     # a prompt (text or ids) or several (texts, id lists, or both): one choice each
@@ -357,11 +368,12 @@ def given(**fields: Any) -> dict[str, Any]:
     return {name: value for name, value in fields.items() if value is not None}
 
 
-def chat_request(body: dict) -> ChatCompletionRequest:
+def chat_request(body: dict, empty: bool = False) -> ChatCompletionRequest:
     """A chat body another API converted (responses.py, anthropic.py), validated; InputError
-    naming the place at fault (``messages.1.content``)."""
+    naming the place at fault (``messages.1.content``). ``empty``: no message is a chat too
+    (the template renders an empty list)."""
     try:
-        return ChatCompletionRequest.model_validate(body)
+        return ChatCompletionRequest.model_validate(body, context={"empty_messages": empty})
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
