@@ -95,8 +95,6 @@ EXCLUDED: dict[str, tuple[str, ...]] = {
     "test_chat_completion.py::test_chat_completion_cached_tokens": (
         TEXT, "stories260K's prompt token counts"),
     "test_chat_completion.py::test_chat_completion_stream": (TEXT, "stories260K's words"),
-    "test_compat_oai_responses.py::test_responses_stream_with_openai_library": (
-        TEXT, "stories260K's words (read at the stream's response.completed)"),
     "test_chat_completion.py::test_chat_completion_with_openai_library": (
         TEXT, "stories260K's words"),
     "test_chat_completion.py::test_context_size_exceeded": (
@@ -105,6 +103,8 @@ EXCLUDED: dict[str, tuple[str, ...]] = {
         PARALLEL, "n_ctx of the error is the slot's, n_ctx / n_slots"),
     "test_compat_oai_responses.py::test_responses_with_openai_library": (
         TEXT, "stories260K's words"),
+    "test_compat_oai_responses.py::test_responses_stream_with_openai_library": (
+        TEXT, "stories260K's words (read at the stream's response.completed)"),
     "test_compat_anthropic.py::test_anthropic_tool_result_with_image": (
         MULTIMODAL, "an image block to a text model (llama-server: 500)"),
     "test_compat_anthropic.py::test_anthropic_vision_format_accepted": (

@@ -16,7 +16,9 @@ from support.tiny_gguf import CHAT_TEMPLATE, EOS, write_llama
 
 from cactus_gguf.errors import InputError
 from cactus_gguf.options import LoadOptions
-from cactus_gguf.prompting.templates import apply_template, enable_thinking, has_thinking_switch
+from cactus_gguf.prompting.templates import (apply_template, content_kinds, enable_thinking,
+                                             has_thinking_switch)
+from cactus_gguf.prompting.text import continued_text, render_chat
 
 # Qwen 3's conventions, shortened: an earlier turn's reasoning in <think>, calls in <tool_call>,
 # and an empty thought opened and closed when enable_thinking is false.
@@ -88,6 +90,41 @@ def test_a_null_or_undefined_beside_a_string_joins_as_the_empty_string_as_llama_
     assert apply_template(t, BOOK, bos="", eos="") == "Tools:.! Book What is the best book [1, 2]"
     with pytest.raises(TypeError):  # anything else added to a string still fails
         apply_template("{{ 'a' + 1 }}", BOOK, bos="", eos="")
+
+
+# content read part by part when it is a list (Qwen 3.5's / Mistral's way), text otherwise
+TYPED = ("{%- for m in messages %}[{{ m.role }}]"
+         "{%- if m.content is string %}{{ m.content }}{% else %}"
+         "{%- for p in m.content %}{% if p.type == 'text' %}<{{ p.text }}>{% endif %}{% endfor %}"
+         "{%- endif %}{% endfor %}")
+PARTS_ONLY = ("{%- for m in messages %}[{{ m.role }}]"
+              "{%- for p in m.content %}<{{ p.text }}>{% endfor %}{% endfor %}")
+PARTS = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+
+
+def test_text_parts_reach_a_template_as_it_reads_them_as_llama_server_gives_them():
+    """llama.cpp's template capabilities: a template that reads typed content part by part gets
+    the list, one that takes text gets the parts joined with a newline (printing the list as a
+    whole is not reading it), one that takes only parts gets text as one part; a continued
+    assistant message's parts are joined by a blank line."""
+    assert content_kinds(TYPED) == (True, True)
+    assert content_kinds(PARTS_ONLY) == (False, True)
+    assert content_kinds(CHAT_TEMPLATE) == (True, False)
+    assert content_kinds("{% for m in messages %}{{ m.content | tojson }}{% endfor %}") == \
+        (True, False)
+    assert content_kinds("llama3") == (True, False)
+    chat = [{"role": "user", "content": PARTS}, {"role": "assistant", "content": "ok"}]
+    assert render_chat(TYPED, chat, bos="", eos="") == "[user]<Wh><ill>[assistant]ok"
+    assert render_chat(PARTS_ONLY, chat, bos="", eos="") == "[user]<Wh><ill>[assistant]<ok>"
+    assert render_chat(CHAT_TEMPLATE, chat, bos="", eos="") == \
+        "user: Wh\nill\nassistant: ok\nassistant:"
+    assert render_chat("llama3", chat[:1], bos="", eos="").endswith("Wh\nill<|eot_id|>"
+                                                                    "<|start_header_id|>assistant"
+                                                                    "<|end_header_id|>\n\n")
+    assert continued_text(PARTS) == "Wh\n\nill" and continued_text("Whill") == "Whill"
+    assert continued_text(None) == ""
+    with pytest.raises(InputError):
+        render_chat(TYPED, [{"role": "user", "content": [{"type": "image_url"}]}], bos="", eos="")
 
 
 @pytest.fixture(scope="module")

@@ -378,6 +378,18 @@ def test_tokenize_and_detokenize(server):
                 "add_special")
 
 
+def test_text_parts_reach_the_template_as_llama_server_gives_them(server):
+    """The tiny template takes text: a user's text parts are joined with a newline; a continued
+    (prefilled) assistant message's parts with a blank line, as llama-server continues one."""
+    parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+    r = post(server, "/apply-template", {"messages": [{"role": "user", "content": parts},
+                                                      {"role": "assistant", "content": parts}]})
+    assert r.json() == {"prompt": "user: Wh\nill\nassistant:Wh\n\nill"}, r.text
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": parts}],
+                                              "max_tokens": 2, "verbose": True})
+    assert r.json()["__verbose"]["prompt"].endswith("user: Wh\nill\nassistant:"), r.text
+
+
 def test_apply_template_renders_the_ggufs_template(server):
     r = post(server, "/apply-template", {"messages": [{"role": "system", "content": "Be brief."},
                                                       {"role": "user", "content": "hi"}]})

@@ -22,8 +22,8 @@ from typing import Any, Sequence
 from ..errors import InputError
 from ..options.values import builtin_chat_templates
 
-__all__ = ["REASONING", "builtin_templates", "is_builtin", "apply_template", "has_thinking_switch",
-           "enable_thinking"]
+__all__ = ["REASONING", "builtin_templates", "is_builtin", "apply_template", "content_kinds",
+           "has_thinking_switch", "enable_thinking"]
 
 REASONING = ("on", "off", "auto")  # --reasoning's values
 
@@ -114,6 +114,52 @@ def _apply_builtin(name: str, messages: Sequence[dict], add_generation_prompt: b
             return buf.raw[:n].decode("utf-8", errors="replace")
         size = n
     raise InputError(f"the built-in chat template {name!r} gave no prompt", param="messages")
+
+
+_MARK = "Cactus-probe-7a31"  # a text no template writes by itself
+
+
+class _Parts(list):
+    """A message's content parts that note whether the template read them one by one (a
+    ``for`` over them, an index, a filter that walks them), not as a whole (``| string``,
+    ``| tojson``, ``+``: a list's text)."""
+
+    read = False
+
+    def __iter__(self):
+        self.read = True
+        return super().__iter__()
+
+    def __getitem__(self, index):
+        self.read = True
+        return super().__getitem__(index)
+
+
+@functools.lru_cache(maxsize=8)
+def content_kinds(template: str | None, *, bos: str = "", eos: str = "") -> tuple[bool, bool]:
+    """``(text, parts)``: whether ``template`` renders a message's content given as text, and
+    given as a list of typed parts (``[{"type": "text", "text": ...}]``) that it reads part by
+    part, as llama.cpp finds out before it renders (its template capabilities): a one-message
+    chat rendered each way must show the message's text, and the parts must have been read one
+    by one, not printed whole. A built-in template (or none) takes text only; one that shows
+    neither, text."""
+    if not template or is_builtin(template):
+        return True, False
+
+    def render(content) -> str:
+        try:
+            return apply_template(template, [{"role": "user", "content": content}], bos=bos,
+                                  eos=eos)
+        except Exception:  # noqa: BLE001 (the template's own refusal: it does not take this)
+            return ""
+
+    probe = _Parts([{"type": "text", "text": _MARK}])
+    as_text, as_parts = render(_MARK), render(probe)
+    # (a part printed whole, | tojson, shows its keys: that is not reading it)
+    keys = sum(as_parts.count(q + "type" + q) for q in "'\"") > \
+        sum(as_text.count(q + "type" + q) for q in "'\"")
+    parts = probe.read and _MARK in as_parts and not keys
+    return (_MARK in as_text or not parts), parts
 
 
 def has_thinking_switch(template: str | None, *, bos: str = "", eos: str = "") -> bool:

@@ -10,7 +10,8 @@ import bisect
 import codecs
 from typing import Any, Mapping, Sequence
 
-__all__ = ["StopMatcher", "TextStream", "render_chat", "columns"]
+__all__ = ["StopMatcher", "TextStream", "render_chat", "typed_as_template_reads", "continued_text",
+           "columns"]
 
 
 class StopMatcher:
@@ -147,11 +148,53 @@ def render_chat(template: str | None, messages: Sequence[dict], *, bos: str, eos
         raise InputError(f"{model_name} has no chat template (tokenizer.chat_template): use a "
                          "plain prompt instead of chat")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(
-                m.get("content"), str):
-            raise InputError(f"message {i} must be {{\"role\": str, \"content\": str}}, got {m!r}"[:200])
-    return apply_template(template, messages, bos=bos, eos=eos,
-                          add_generation_prompt=add_generation_prompt, **(variables or {}))
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or (
+                not isinstance(m.get("content"), str) and _texts(m.get("content")) is None):
+            raise InputError(f"message {i} must be {{\"role\": str, \"content\": str or a list of "
+                             f"text parts}}, got {m!r}"[:200])
+    return apply_template(template, typed_as_template_reads(template, messages, bos=bos, eos=eos),
+                          bos=bos, eos=eos, add_generation_prompt=add_generation_prompt,
+                          **(variables or {}))
+
+
+def _texts(content) -> list[str] | None:
+    """The texts of a list of text parts (``[{"type": "text", "text": ...}]``); None for any
+    other value."""
+    if not isinstance(content, list) or not all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content):
+        return None
+    return [p["text"] for p in content]
+
+
+def typed_as_template_reads(template: str, messages: Sequence[dict], *, bos: str = "",
+                            eos: str = "") -> list[dict]:
+    """``messages`` with each content as ``template`` takes it (templates.content_kinds), as
+    llama-server hands them over: text parts stay a list for a template that reads typed
+    content and are joined with newlines for one that takes text only; text becomes one text
+    part for a template that takes parts only."""
+    from .templates import content_kinds
+
+    typed = [_texts(m.get("content")) is not None for m in messages]
+    text_ok, parts_ok = content_kinds(template, bos=bos, eos=eos)
+    if (text_ok or not messages) and not (any(typed) and not parts_ok):
+        return list(messages)  # (nothing to change)
+    out = []
+    for m, is_list in zip(messages, typed):
+        content = m.get("content")
+        if is_list and not parts_ok:
+            content = "\n".join(_texts(content))
+        elif not is_list and not text_ok:
+            content = [{"type": "text", "text": content}]
+        out.append({**m, "content": content})
+    return out
+
+
+def continued_text(content: str | list | None) -> str:
+    """What a continued (prefilled) assistant message adds after the opened assistant turn: its
+    text, or its text parts joined by a blank line, as llama-server continues one."""
+    texts = _texts(content)
+    return "\n\n".join(texts) if texts is not None else (content or "")
 
 
 def columns(rows: Sequence[Sequence[str]], right: bool = False) -> list[str]:

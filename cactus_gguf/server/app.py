@@ -212,7 +212,6 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
     return app
 
 
-MAX_INSTANCES = 128  # Vertex AI instances per prediction (llama-server's limit)
 def _install_page(app: FastAPI, config: ServerConfig) -> None:
     """The chat page (``/``, its files under ``/static``) and the three files that
     llama-server's web UI has at fixed paths, which browsers and PWA tools ask for: the page's
@@ -246,6 +245,7 @@ def _install_page(app: FastAPI, config: ServerConfig) -> None:
                             headers=fresh)
 
 
+MAX_INSTANCES = 128  # Vertex AI instances per prediction (llama-server's limit)
 
 
 def _gcp_format(path: str) -> str:

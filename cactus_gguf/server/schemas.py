@@ -136,7 +136,6 @@ class ChatCompletionRequest(_Common):
     # llama-server's: variables for the chat template (enable_thinking, ...: Engine.template_variables)
     chat_template_kwargs: dict[str, Any] | None = None
 
-
     @field_validator("messages")
     @classmethod
     def _not_empty(cls, messages: list[Message], info: ValidationInfo) -> list[Message]:
@@ -146,6 +145,7 @@ class ChatCompletionRequest(_Common):
         if not messages and not (info.context or {}).get("empty_messages"):
             raise ValueError("List should have at least 1 item after validation, not 0")
         return messages
+
 
 class CompletionRequest(_Common):
     # a prompt (text or ids) or several (texts, id lists, or both): one choice each
@@ -331,9 +331,10 @@ def to_request(base, body: _Common):
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict]:
-    """The messages as the chat template takes them: text only, a list of text parts joined
-    with newlines as llama-server joins them for a template of plain-text content ("developer"
-    is OpenAI's newer name of "system")."""
+    """The messages as the chat template takes them: text, or a list of text parts, which
+    reaches the template as llama-server gives it (a list for a template that reads typed
+    content, joined with newlines for one that takes text: prompting/text.py); "developer" is
+    OpenAI's newer name of "system"."""
     out = []
     for i, m in enumerate(body.messages):
         content = m.content
@@ -343,8 +344,8 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
                 if part.type != "text" or part.text is None:
                     raise InputError(f"messages[{i}].content: only text parts are supported, got "
                                      f"{part.type!r}", param=f"messages[{i}].content")
-                parts.append(part.text)
-            content = "\n".join(parts)
+                parts.append({"type": "text", "text": part.text})
+            content = parts
         out.append({"role": "system" if m.role == "developer" else m.role,
                     "content": content or "", **reasoning_of(m, i)})
     return out

@@ -44,7 +44,7 @@ from ..sampling.native import pack_allowed
 from ..sampling.constraints import Constraint, tokenizer_for
 from ..stats import GenerationResult
 from ..prompting.templates import enable_thinking, is_builtin
-from ..prompting.text import render_chat
+from ..prompting.text import continued_text, render_chat
 from ..prompting.tokens import prompt_tokens
 from .device import device_top_k
 from .factory import make_drafter
@@ -342,7 +342,7 @@ class Engine:
                                add_generation_prompt=opened, variables=variables)
 
         if prefill:
-            return render(messages[:-1], True) + (messages[-1].get("content") or "")
+            return render(messages[:-1], True) + continued_text(messages[-1].get("content"))
         return render(messages, add_generation_prompt)
 
     @property
