@@ -10,9 +10,8 @@ Each llama-server flag is one of these kinds:
   runner reads from serve's own command): passed on as it is;
 - mapped: serve has the same setting under its own name (``--ctx-size`` -> ``-c``, ``--alias``
   -> ``-a``, ``--spec-draft-n-max`` -> ``-k``, ...);
-- dropped: it changes nothing a test can see on this server (``--jinja``, ``--offline``,
-  ``--parallel``: requests queue for the one engine, so the tests that need slots running at once
-  are among the excluded ones), or it tunes only speed (``--ubatch-size``, ``--cont-batching``);
+- dropped: it changes nothing a test can see on this server (``--jinja``, ``--offline``), or it
+  tunes only speed (``--ubatch-size``, ``--cont-batching``);
 - missing: serve has no counterpart. The shim then prints
   ``llama-server-shim: needs <flag>: <why>`` and exits with status 3 before anything loads,
   so the test fails at its server's start and the runner files it under "needs flag".
@@ -86,13 +85,11 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--offline": ("drop", "models are local stand-ins: nothing is downloaded"),
     "--ubatch-size": ("drop", "a speed setting: serve sizes its own micro-batches"),
     "-ub": ("drop", "a speed setting"),
-    "--cont-batching": ("drop", "one engine serves requests in turn"),
+    "--cont-batching": ("drop", "a speed setting: the slots' steps interleave"),
     "--slots": ("drop", "serve has no switch for it"),
     "--no-slots": ("drop", "serve has no switch for it"),
     "--kv-unified": ("drop", "one sequence per engine: one KV cache already"),
     "--swa-full": ("drop", "a memory setting of sliding-window models"),
-    "--parallel": ("drop", "requests queue for the one engine (slots > 1 are excluded tests)"),
-    "-np": ("drop", "requests queue for the one engine"),
     "--no-ui": ("missing", "turning the chat page at / off"),
     "--jinja": ("drop", "serve renders Jinja templates, and llama.cpp's built-in ones by name"),
     "--no-jinja": ("drop", "serve renders Jinja templates, and llama.cpp's built-in ones by name"),

@@ -23,7 +23,7 @@ def test_the_speculation_settings_are_the_tables_request_options_but_sampling_an
     assert others == {"n_predict", "temperature", "top_k", "top_p", "min_p", "seed", "stop",
                       "grammar", "json_schema", "json_object", "cache_prompt", "n_probs",
                       "post_sampling_probs", "backend_sampling", "logit_bias", "ignore_eos",
-                      "timings_per_token", "return_progress"}
+                      "timings_per_token", "return_progress", "id_slot"}
     for o in SPECULATION:  # a condition names another option and values it takes
         for name, values in o.applies:
             assert name in options.BY_NAME and all(

@@ -48,7 +48,7 @@ def test_the_speculative_block_is_the_tables_with_its_two_names():
     want = {f.speculative or f.name for f in table.fields_of("speculative")}
     # the rule's settings, then the statistics (draft_vocab: the one that ran), then the seed
     assert set(block) == set(rule_of(req)) | want | {"seed"} and "host_ms_per_step" in want
-    assert len(want) == 18  # 17 before host_ms_per_step
+    assert len(want) == 19  # 17 before host_ms_per_step, 18 before n_shared_steps
     assert block["acceptance_length"] == result.stats.mean_accepted_length == 2.0
     assert block["prompt_tokens_reused"] == 5 and block["seed"] == 3
     # the verifier alone: the draft's vocabulary and coverage are null

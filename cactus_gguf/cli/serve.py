@@ -136,6 +136,7 @@ def _http_server(plan: ServePlan, worker: Worker, gcp: GcpCompat | None,
                           request_timeout=p["request_timeout"],
                           cors_origins=tuple(p["cors_origin"]),
                           slots=p["slots"], slot_save_path=p["slot_save_path"], ui=p["ui"],
+                          n_parallel=plan.run.load.n_parallel,
                           metrics=p["metrics"], aliases=plan.aliases, tags=plan.tags, gcp=gcp,
                           verbose=verbose > 0)
     app = create_app(worker, config)

@@ -3,10 +3,19 @@
 Dimension letters: V = vocabulary size (rows of the output layer), n = rows in one batch.
 
 The context remembers the token ids its KV cache holds (``tokens``: positions 0 .. n_past-1 of
-sequence 0), so a caller can reuse the longest common prefix with what it wants the cache to hold
+its sequence), so a caller can reuse the longest common prefix with what it wants the cache to hold
 (:meth:`Context.sync`: llama-server's ``cache_prompt``) instead of decoding everything again.
 Every ``llama_decode`` / ``llama_memory_seq_rm`` result is checked; a failed decode rolls the cache
 back to (a prefix of) its state before the call.
+
+Sequences (llama-server's slots): a context made with ``n_parallel`` = N > 1 holds N independent
+sequences, each with its own KV cache of ``n_ctx`` / N positions (llama.cpp's non-unified cache:
+``n_ctx_seq``; with ``kv_unified`` they share one pool of ``n_ctx`` cells, each sequence up to
+all of them) and its own recurrent state. The Context object is sequence 0;
+:meth:`Context.sequence` gives the others, each a Context of its own (tokens, checkpoints,
+rollback) over the same llama.cpp context, model and threads. A decode of one sequence holds only
+its tokens; another sequence's decode in between ends the snapshot window (below), so a rollback
+then goes through a checkpoint.
 
 Rollback (:meth:`Context.truncate`, :meth:`Context.forget`) is exact for every model. A KV-only model
 cuts its cache (``llama_memory_seq_rm``). A model with a recurrent state (pure or hybrid: Mamba-2,
@@ -38,6 +47,7 @@ greedy speculation would not give the verifier's tokens.
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import logging
 import os
@@ -97,6 +107,10 @@ class ContextOptions:
     flash_attn: str = opt("flash_attn")
     n_rs_seq: int = RS_SNAPSHOTS
     mtp: bool = False
+    #: sequences (slots) in the context, each with n_ctx / n_parallel positions (module
+    #: docstring), unless ``kv_unified``: they share one pool of n_ctx cells
+    n_parallel: int = opt("n_parallel")
+    kv_unified: bool = opt("kv_unified")
 
     __post_init__ = check_fields
 
@@ -107,10 +121,12 @@ _FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
 
 
 class Context(DeviceTopK):
-    """A single-sequence llama.cpp context over ``model``.
+    """One sequence of a llama.cpp context over ``model`` (sequence 0; :meth:`sequence` gives the
+    others of a context made with ``n_parallel`` > 1: ``n_seq``).
 
-    ``tokens``: the ids at positions 0 .. n_past-1 of the KV cache (read-only for callers; every
-    edit goes through decode / truncate / clear / sync). ``model``: the Model; when the context
+    ``tokens``: the ids at positions 0 .. n_past-1 of the sequence's KV cache (read-only for
+    callers; every edit goes through decode / truncate / clear / sync). ``n_ctx``: the
+    sequence's positions (the context's n_ctx / n_seq). ``model``: the Model; when the context
     was made by :meth:`load` it owns the model and frees it on ``close()`` (context first).
 
     Raises ModelLoadError when llama.cpp cannot create the context, KvCacheTooLargeError when the
@@ -129,8 +145,15 @@ class Context(DeviceTopK):
         n_ctx = options.n_ctx or model.n_ctx_train
         check_kv_cache_fits(n_ctx, model.kv_cache_bytes(n_ctx), model.placement, model.path.name)
         self.n_threads = options.n_threads or default_threads()
+        self.seq_id = 0
+        self.n_seq, self.kv_unified = options.n_parallel, options.kv_unified
+        self._owns_ctx = True  # sequence 0 frees the llama.cpp context; the others, their batch
+        self._sequences: list[Context] = []  # sequences 1 .. n_seq - 1 handed out (sequence())
+        #: the sequence whose decode ran last on the llama.cpp context (ends the others' windows)
+        self._last = [self]
+        self._together: dict = {}  # what the sequences' batched decodes share (batch.py)
         self._create(options)
-        self.n_ctx: int = llama_cpp.llama_n_ctx(self.ptr)
+        self.n_ctx: int = llama_cpp.llama_n_ctx_seq(self.ptr)
         self.n_batch: int = llama_cpp.llama_n_batch(self.ptr)
         self.tokens: list[int] = []
         self._should_stop = None  # interruptible(): asked between the n_batch chunks of a decode
@@ -202,7 +225,10 @@ class Context(DeviceTopK):
         cparams.n_ctx = options.n_ctx
         cparams.n_batch = options.n_batch
         cparams.n_ubatch = options.n_batch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = options.n_parallel
+        # unified: the sequences share one pool of n_ctx cells (each may use all of them);
+        # else each sequence its own n_ctx / n_seq positions
+        cparams.kv_unified = options.kv_unified
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
         cparams.flash_attn_type = _FLASH_ATTN[options.flash_attn]
@@ -228,7 +254,7 @@ class Context(DeviceTopK):
 
     def _make_batch(self) -> None:
         """The one reusable batch of n_batch rows, with NumPy views on its token, pos and logits
-        arrays (int32 / int32 / int8 [n_batch]); seq_id / n_seq_id never change (one sequence)."""
+        arrays (int32 / int32 / int8 [n_batch]); seq_id / n_seq_id never change (this sequence)."""
         with log.critical():
             self._batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1)
         b = self._batch.batch
@@ -237,7 +263,7 @@ class Context(DeviceTopK):
         self._b_logits = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
         np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))[:] = 1
         for i in range(self.n_batch):
-            b.seq_id[i][0] = 0
+            b.seq_id[i][0] = self.seq_id
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], model_options: ModelOptions = ModelOptions(),
@@ -251,6 +277,25 @@ class Context(DeviceTopK):
             model.close()
             raise
 
+    def sequence(self, seq_id: int) -> "Context":
+        """Sequence ``seq_id`` (1 .. n_seq - 1) of this llama.cpp context: a Context of its own
+        (empty at first; tokens, checkpoints, rollback, backend sampler) sharing the model, the
+        llama.cpp context and its threads. The same object for the same id; freed with sequence
+        0's ``close()``. Raises InputError for an id out of range."""
+        if self.seq_id != 0 or not 0 < seq_id < self.n_seq:
+            raise InputError(f"sequence {seq_id} of a context of {self.n_seq} (ask sequence 0)")
+        for view in self._sequences:
+            if view.seq_id == seq_id:
+                return view
+        view = copy.copy(self)  # shares ptr, memory, model, the chains list, _last
+        view.seq_id, view.owns_model, view._owns_ctx, view._sequences = seq_id, False, False, []
+        view.tokens, view._checkpoints, view._window, view._fresh = [], [], 0, None
+        view.device_top_k, view._last_decode, view.on_decode = 0, None, None
+        view._batch_ext = view._should_stop = view._progress = view.warmup = None
+        view._make_batch()
+        self._sequences.append(view)
+        return view
+
     # -- lifetime ----------------------------------------------------------------------------------
 
     def _abandon(self) -> None:
@@ -259,18 +304,28 @@ class Context(DeviceTopK):
             self._ctx._exit_stack = contextlib.ExitStack()
 
     def close(self) -> None:
-        """Free the batch and the context, then the model if this context owns it. Idempotent."""
+        """Free the batch and the context (sequence 0: every sequence's first), then the model
+        if this context owns it. Idempotent."""
+        for view in self._sequences:
+            view.close()
+        self._sequences = []
         if self._batch_ext is not None:
             llama_cpp.llama_batch_ext_free(self._batch_ext)
             self._batch_ext = None
-        for attr in ("_batch", "_ctx"):
+        for attr in ("_batch", "_ctx") if self._owns_ctx else ("_batch",):
             obj = getattr(self, attr, None)
             if obj is not None:
                 devices.free(self._remote, obj.close)
                 setattr(self, attr, None)
+        if not self._owns_ctx:
+            self._ctx = None  # (closed: this sequence is not usable any more)
+            return
+        for batch, _ in self._together.values():
+            batch.close()
+        self._together.clear()
         for chain in self._chains:  # after the context that referenced them
             llama_cpp.llama_sampler_free(chain)
-        self._chains = []
+        self._chains.clear()
         if self.owns_model:
             self.model.close()
 
@@ -344,6 +399,9 @@ class Context(DeviceTopK):
         window_after = min(self.n_rs_seq, min(n, self.n_batch) - 1)
         if self.recurrent and window_after < may_drop <= n:
             self.checkpoint()
+        if self._last[0] is not self:  # another sequence decoded since: its snapshots are gone
+            self._last[0]._window = 0
+            self._last[0] = self
         bounds = [0, *range(first_chunk, n + 1, self.n_batch)]
         for c0, c1 in zip(bounds, bounds[1:]):
             if c0 > 0 and self._should_stop is not None and self._should_stop():
@@ -397,7 +455,7 @@ class Context(DeviceTopK):
         row_bytes = rows.strides[0]
         pos = (ctypes.c_int32 * 4)()
         for i, t in enumerate(tokens):
-            idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(t))
+            idx = llama_cpp.llama_batch_ext_add_token(b, self.seq_id, int(t))
             pos[0] = self.n_past + i
             embd = llama_cpp.llama_embd(
                 ctypes.cast(rows.ctypes.data + i * row_bytes, ctypes.POINTER(ctypes.c_float)),
@@ -409,7 +467,7 @@ class Context(DeviceTopK):
         rc = devices.call(self._remote, llama_cpp.llama_process, self.ptr,
                           llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
         if rc != 0:  # drop whatever the failed call may have stored past what we hold
-            llama_cpp.llama_memory_seq_rm(self.memory, 0, self.n_past, -1)
+            llama_cpp.llama_memory_seq_rm(self.memory, self.seq_id, self.n_past, -1)
             raise DecodeError(f"llama_process returned {rc}")
         self.tokens.extend(int(t) for t in tokens)
         ptr = llama_cpp.llama_get_logits_ith(self.ptr, -1)
@@ -475,7 +533,7 @@ class Context(DeviceTopK):
     def _cut(self, n_keep: int) -> None:
         """``llama_memory_seq_rm`` of positions >= ``n_keep`` (a KV-only cache, or inside the
         recurrent state's window)."""
-        if not llama_cpp.llama_memory_seq_rm(self.memory, 0, n_keep, -1):
+        if not llama_cpp.llama_memory_seq_rm(self.memory, self.seq_id, n_keep, -1):
             raise DecodeError(f"llama_memory_seq_rm could not remove positions >= {n_keep}")
         self._window = 0  # llama.cpp's snapshot is single-use
         self._drop(n_keep)
@@ -496,10 +554,10 @@ class Context(DeviceTopK):
                 self._checkpoints and self._checkpoints[-1].n_tokens == self.n_past):
             return
         size = devices.call(self._remote, llama_cpp.llama_state_seq_get_size_ext,
-                            self.ptr, 0, _PARTIAL)
+                            self.ptr, self.seq_id, _PARTIAL)
         data = (ctypes.c_uint8 * size)()
         got = devices.call(self._remote, llama_cpp.llama_state_seq_get_data_ext,
-                           self.ptr, data, size, 0, _PARTIAL)
+                           self.ptr, data, size, self.seq_id, _PARTIAL)
         if got != size:
             raise DecodeError(f"llama_state_seq_get_data_ext copied {got} of {size} bytes of "
                               f"the recurrent state of {self.model.path.name}")
@@ -510,7 +568,7 @@ class Context(DeviceTopK):
     def _restore(self, point: "_Checkpoint") -> None:
         """Put the recurrent state back to ``point`` and cut the attention cache there."""
         got = devices.call(self._remote, llama_cpp.llama_state_seq_set_data_ext,
-                           self.ptr, point.data, len(point.data), 0, _PARTIAL)
+                           self.ptr, point.data, len(point.data), self.seq_id, _PARTIAL)
         if got != len(point.data):
             self.clear()  # llama.cpp cleared the sequence's state on failure
             raise DecodeError(f"llama_state_seq_set_data_ext restored {got} of "
@@ -519,7 +577,7 @@ class Context(DeviceTopK):
         log_.debug("%s: restored the checkpoint at %d of %d tokens", self.model.path.name,
                    point.n_tokens, self.n_past)
         # the recurrent state now ends at n_tokens - 1: this cuts the attention cache alone
-        if not llama_cpp.llama_memory_seq_rm(self.memory, 0, point.n_tokens, -1):
+        if not llama_cpp.llama_memory_seq_rm(self.memory, self.seq_id, point.n_tokens, -1):
             self.clear()
             raise DecodeError(f"llama_memory_seq_rm could not remove positions >= "
                               f"{point.n_tokens} after restoring a checkpoint")
@@ -527,8 +585,12 @@ class Context(DeviceTopK):
         self._drop(point.n_tokens)
 
     def clear(self) -> None:
-        """Empty the KV cache (and the recurrent state, and its checkpoints)."""
-        devices.call(self._remote, llama_cpp.llama_memory_clear, self.memory, True)
+        """Empty the sequence's KV cache (and its recurrent state, and its checkpoints)."""
+        if self.n_seq == 1:
+            devices.call(self._remote, llama_cpp.llama_memory_clear, self.memory, True)
+        else:
+            devices.call(self._remote, llama_cpp.llama_memory_seq_rm, self.memory, self.seq_id,
+                         -1, -1)
         self.tokens.clear()
         self._checkpoints.clear()
         self._window = 0
@@ -540,7 +602,7 @@ class Context(DeviceTopK):
         llama.cpp writes nothing."""
         ids = (llama_cpp.llama_token * max(len(self.tokens), 1))(*self.tokens)
         n = devices.call(self._remote, llama_cpp.llama_state_seq_save_file, self.ptr,
-                         os.fsencode(path), 0, ids, len(self.tokens))
+                         os.fsencode(path), self.seq_id, ids, len(self.tokens))
         if n == 0:
             raise DecodeError(f"llama_state_seq_save_file wrote nothing to {path}")
         return int(n)
@@ -554,7 +616,7 @@ class Context(DeviceTopK):
         ids = (llama_cpp.llama_token * self.n_ctx)()
         count = ctypes.c_size_t(0)
         n = devices.call(self._remote, llama_cpp.llama_state_seq_load_file, self.ptr,
-                         os.fsencode(path), 0, ids, self.n_ctx, ctypes.byref(count))
+                         os.fsencode(path), self.seq_id, ids, self.n_ctx, ctypes.byref(count))
         if n == 0:
             self.clear()
             raise DecodeError(f"llama_state_seq_load_file could not read {path}: not a state "
@@ -583,10 +645,10 @@ class Context(DeviceTopK):
         if not self.can_shift:
             raise InputError(f"the KV cache of {self.model.path.name} cannot shift")
         end = n_keep + n_discard
-        if not llama_cpp.llama_memory_seq_rm(self.memory, 0, n_keep, end):
+        if not llama_cpp.llama_memory_seq_rm(self.memory, self.seq_id, n_keep, end):
             raise DecodeError(f"llama_memory_seq_rm could not remove positions {n_keep} .. "
                               f"{end - 1}")
-        llama_cpp.llama_memory_seq_add(self.memory, 0, end, self.n_past, -n_discard)
+        llama_cpp.llama_memory_seq_add(self.memory, self.seq_id, end, self.n_past, -n_discard)
         del self.tokens[n_keep:end]
         self._window = 0
         self._fresh = n_keep if self._fresh is None else min(self._fresh, n_keep)
@@ -620,8 +682,8 @@ class Context(DeviceTopK):
         return n
 
     def kv_pos_max(self) -> int:
-        """Largest position stored in the KV cache for sequence 0 (-1 when empty)."""
-        return llama_cpp.llama_memory_seq_pos_max(self.memory, 0)
+        """Largest position stored in the KV cache for this sequence (-1 when empty)."""
+        return llama_cpp.llama_memory_seq_pos_max(self.memory, self.seq_id)
 
 
 @dataclass(frozen=True, eq=False)

@@ -56,13 +56,14 @@ class DeviceTopK:
     def can_sample_on_device(self) -> bool:
         """Whether :meth:`set_device_top_k` may attach a sampler: the build has llama.cpp's backend
         sampling API and no Vulkan backend (see :func:`vulkan_build`), and the model keeps no
-        recurrent state (the fallback of :meth:`decode_full_again` rolls a whole batch back) and
-        is not split over RPC."""
+        recurrent state (the fallback of :meth:`decode_full_again` rolls a whole batch back), is
+        not split over RPC, and holds one sequence (one sampler per context here)."""
         return (hasattr(llama_cpp, "llama_set_sampler") and not self.recurrent
+                and self.n_seq == 1
                 and not self._remote and self.on_decode is None and not vulkan_build())
 
     def set_device_top_k(self, k: int) -> bool:
-        """Attach llama.cpp's backend sampler chain ``top_k(k)`` to sequence 0 (k > 0), or detach
+        """Attach llama.cpp's backend sampler chain ``top_k(k)`` to this sequence (k > 0), or detach
         it (k = 0): with one attached, every decode's output rows hold only their k largest logits
         and their ids, on the device, inside the decode graph (:meth:`candidates`), and no full
         logits rows are copied out (what :meth:`decode` returns is then stale). A fresh chain per
@@ -77,11 +78,11 @@ class DeviceTopK:
             chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(k))
             self._chains.append(chain)
-        ok = bool(llama_cpp.llama_set_sampler(self.ptr, 0, chain))
+        ok = bool(llama_cpp.llama_set_sampler(self.ptr, self.seq_id, chain))
         self.device_top_k = k if ok else 0
         self._last_decode = None
         if not ok and k > 0:
-            llama_cpp.llama_set_sampler(self.ptr, 0, None)
+            llama_cpp.llama_set_sampler(self.ptr, self.seq_id, None)
         return ok
 
     @property

@@ -146,6 +146,7 @@ class Request(_OptionRecord):
     timings_per_token: bool = opt("timings_per_token")  # server: streamed chunks' timings
     return_progress: bool = opt("return_progress")  # server: prompt_progress chunks
     cache_prompt: bool = opt("cache_prompt")
+    id_slot: int = opt("id_slot")
     n_probs: int | None = opt("n_probs")  # None: no log-probabilities
     post_sampling_probs: bool = opt("post_sampling_probs")
 
@@ -196,6 +197,8 @@ class LoadOptions(_OptionRecord):
     _SCOPE: ClassVar[str] = "load"
 
     n_ctx: int = opt("n_ctx")
+    n_parallel: int = opt("n_parallel")
+    kv_unified: bool = opt("kv_unified")
     context_shift: bool = opt("context_shift")
     n_batch: int = opt("n_batch")
     n_threads: int | None = opt("n_threads")

@@ -390,6 +390,9 @@ OPTIONS: tuple[Option, ...] = (
            "`return_progress`)", (), commands=frozenset()),
     Option("cache_prompt", bool, True, "reuse the longest common prefix of the KV caches from the "
            "previous request (llama-server's `cache_prompt`)", (), commands=frozenset()),
+    Option("id_slot", int, -1, "the slot the generation runs on (llama-server's `id_slot`; -1 = "
+           "any: a free slot, the one whose cache shares the longest prefix with the prompt)",
+           (), range=Range(lo=-1, note="-1 = any"), commands=frozenset()),
     Option("n_probs", int, None, "log-probabilities of each emitted token and of its N most likely "
            "alternatives (llama-server's `n_probs`; 0 = the token's own only; none = not "
            "computed, no cost); read from the verifier's row of each emitted token, accepted "
@@ -404,6 +407,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("n_ctx", int, 4096, "context size (KV cache, tokens) of both models; llama.cpp rounds it "
            "up to a multiple of 256; 0 = the model's own", ("-c", "--ctx-size"), scope="load",
            range=Range(lo=16, also=(0,), note="0 = the model's own"), metavar="N"),
+    Option("n_parallel", int, 1, "slots: generations served side by side, each with its own "
+           "sequence of both contexts (prompt cache, recurrent state) of n_ctx / N positions, "
+           "as llama-server's `--parallel` (its per-slot context); their steps interleave",
+           ("-np", "--parallel"), scope="load", range=Range(lo=1, hi=64),
+           commands=frozenset({"serve"}), metavar="N"),
+    Option("kv_unified", bool, False, "the slots share one KV cache of n_ctx cells, each up to "
+           "all of it (llama-server's `--kv-unified`): a slot's context is n_ctx, and a request "
+           "stops when the cells run out; slots' steps of any draft lengths verify in one graph",
+           ("-kvu", "--kv-unified"), scope="load", commands=frozenset({"serve"})),
     Option("context_shift", bool, False, "when a generation fills the context, discard the older "
            "half of it after the prompt's first token (BOS) and go on, as llama-server's "
            "`--context-shift` (both KV caches shift; answers report `truncated`); refused for a "

@@ -12,11 +12,12 @@ __all__ = ["prompt_tokens"]
 
 
 def prompt_tokens(prompt, tokenize: Callable[[str], list[int]], n_vocab: int,
-                  n_ctx: int) -> list[int]:
+                  n_ctx: int, slots: int = 1) -> list[int]:
     """The token ids of ``prompt`` (text, tokenized by ``tokenize``, or a sequence of token ids).
 
     Raises InputError (param ``prompt``) for another type, ids that are not integers or not in
-    [0, ``n_vocab``), no token at all; ContextLengthError for a prompt of ``n_ctx`` tokens or more.
+    [0, ``n_vocab``), no token at all; ContextLengthError for a prompt of ``n_ctx`` tokens or more
+    (``n_ctx``: a slot's positions, of ``slots``; the message names the options to change).
     """
     if isinstance(prompt, str):
         tokens = tokenize(prompt)
@@ -40,8 +41,13 @@ def prompt_tokens(prompt, tokenize: Callable[[str], list[int]], n_vocab: int,
         raise InputError(f"prompt token id {bad} is outside the verifier's vocabulary "
                          f"[0, {n_vocab})", param="prompt")
     if len(tokens) >= n_ctx:
+        n, cut = len(tokens), len(tokens) - n_ctx + 1
         raise ContextLengthError(
-            f"the prompt is {len(tokens)} tokens and {{n_ctx}} is {n_ctx}: raise {{n_ctx}} "
-            f"above {len(tokens)} or shorten the prompt by {len(tokens) - n_ctx + 1} "
-            "tokens", param="n_ctx", n_prompt_tokens=len(tokens), n_ctx=n_ctx)
+            f"the prompt is {n} tokens and {{n_ctx}} is {n_ctx}: raise {{n_ctx}} above {n} or "
+            f"shorten the prompt by {cut} tokens (it exceeds the available context size)"
+            if slots == 1 else
+            f"the prompt is {n} tokens and a slot holds {n_ctx} ({{n_ctx}} {n_ctx * slots} / "
+            f"{{n_parallel}} {slots}): raise {{n_ctx}} above {n * slots}, lower {{n_parallel}} "
+            f"or shorten the prompt by {cut} tokens (it exceeds the available context size)",
+            param="n_ctx", options=("n_ctx", "n_parallel"), n_prompt_tokens=n, n_ctx=n_ctx)
     return tokens

@@ -78,6 +78,7 @@ class ServerConfig:
     request_timeout: float = 600.0
     cors_origins: tuple[str, ...] = ()
     slots: bool = True  # GET /slots served (--no-slots: 501)
+    n_parallel: int = 1  # slots (--parallel): what a slot id is checked against before a load
     ui: bool = True  # the chat page at / (--no-ui: 404)
     slot_save_path: str | None = None  # the folder of /slots' save and restore (None: refused)
     metrics: bool = False  # GET /metrics served (without --metrics: 501, as llama-server)

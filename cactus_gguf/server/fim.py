@@ -83,7 +83,6 @@ class InfillRequest(_Common):
     n_indent: int | None = Field(default=None, ge=0)
     response_fields: list[str] | None = None
     return_tokens: bool = False
-    id_slot: int | None = None  # one slot: any value is that slot
 
 
 def sampler_overrides(samplers) -> dict[str, Any]:
@@ -191,7 +190,10 @@ def _stop_type(result, limits: _LineLimits, stopped_by: str) -> str:
 
 class _Infill:
     """llama-server's objects for one ``/infill`` request (its /completion answer:
-    native_api.py's settings and timings), with this server's ``speculative`` block."""
+    native_api.py's settings and timings), with this server's ``speculative`` block.
+    ``id_slot``: the slot its generation runs on (the job's, once started)."""
+
+    id_slot = 0
 
     def __init__(self, body: InfillRequest, req, model_id: str, prompt_text: str,
                  n_prompt: int, speculative, piece=None) -> None:
@@ -211,7 +213,7 @@ class _Infill:
         return tokens[:tokens_within(map(self.piece, tokens), len(limits.text))]
 
     def partial(self, text: str) -> dict:
-        return {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": 0,
+        return {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": self.id_slot,
                 "tokens_evaluated": self.n_prompt}
 
     def final(self, text: str, result, limits: "_LineLimits", stopped_by: str) -> dict:
@@ -228,7 +230,7 @@ class _Infill:
         times = timings(s, n)  # predicted: the tokens returned (an early stop drops a step's rest)
         out = {"index": 0, "content": "" if self.warm_up else text,
                "tokens": returned if self.body.return_tokens else [],
-               "id_slot": 0, "stop": True, "model": self.model_id,
+               "id_slot": self.id_slot, "stop": True, "model": self.model_id,
                "tokens_predicted": n,
                "tokens_evaluated": self.n_prompt, "generation_settings": settings,
                "prompt": self.prompt_text, "has_new_line": "\n" in text,
@@ -254,9 +256,6 @@ def _prepare(body: InfillRequest, engine, defaults):
     if body.t_max_predict_ms is not None and body.t_max_predict_ms < -1:
         raise InputError(f"t_max_predict_ms must be >= -1 (-1 or 0: no limit), got "
                          f"{body.t_max_predict_ms}", param="t_max_predict_ms")
-    if body.id_slot not in (None, -1, 0):
-        raise InputError(f"id_slot: this server has one slot, 0 (or -1: any), got {body.id_slot}",
-                         param="id_slot")
     req = to_request(defaults, body.model_copy(update=changes))
     if overrides:
         req = req.replace(**overrides)
@@ -294,6 +293,7 @@ async def infill(body: InfillRequest, request: HttpRequest):
     model = worker.engine.verifier.model
     shape = _Infill(body, req, config.model_id, model.detokenize(ids, special=True), len(ids),
                     lambda result: speculative_block(req, result), model.token_to_piece)
+    shape.id_slot = job.id_slot
     limits = _LineLimits(body.t_max_predict_ms, body.n_indent)
 
     def take(chunk) -> str:

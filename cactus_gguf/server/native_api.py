@@ -98,7 +98,6 @@ class LlamaCompletionRequest(_Common):
     post_sampling_probs: bool | None = None
     return_tokens: bool = False
     response_fields: list[str] | None = None
-    id_slot: int | None = None
 
 
 # /completion's own answer-changing fields not implemented here (the others, shared with the
@@ -119,9 +118,6 @@ def _refused(body: LlamaCompletionRequest) -> None:
             raise InputError(f"{name} is not supported on /completion by this server (only "
                              f"{neutral}, which changes nothing), got "
                              f"{json.dumps(extra[name])[:40]}: leave it out", param=name)
-    if body.id_slot not in (None, -1, 0):
-        raise InputError(f"id_slot: this server has one slot, 0 (or -1: any), got {body.id_slot}",
-                         param="id_slot")
     if isinstance(body.prompt, PromptObject) and body.prompt.multimodal_data:
         raise InputError("prompt.multimodal_data: this server takes no media", param="prompt")
 
@@ -217,7 +213,10 @@ def generation_settings(req, stream: bool = False, biases=()) -> dict:
 
 class _Completion:
     """llama-server's completion objects for one ``/completion`` request (server-task.cpp:
-    to_json_non_oaicompat), with this server's ``speculative`` block."""
+    to_json_non_oaicompat), with this server's ``speculative`` block. ``id_slot``: the slot
+    its generation runs on (the job's, once started)."""
+
+    id_slot = 0
 
     def __init__(self, body: LlamaCompletionRequest, req, model_id: str, prompt_text: str,
                  n_prompt: int, speculative: Callable[[Any], dict], biases=()) -> None:
@@ -233,7 +232,8 @@ class _Completion:
     def partial(self, text: str, tokens, logprobs=(), segments=None) -> dict:
         """One streamed event: its text, its tokens (as llama-server, whatever return_tokens)."""
         self.sent += len(tokens)
-        out = {"index": 0, "content": text, "tokens": list(tokens), "stop": False, "id_slot": 0,
+        out = {"index": 0, "content": text, "tokens": list(tokens), "stop": False,
+               "id_slot": self.id_slot,
                "tokens_predicted": self.sent, "tokens_evaluated": self.n_prompt,
                **self._probs(logprobs)}
         if segments is not None:  # which characters came from accepted drafts, which from q
@@ -244,7 +244,7 @@ class _Completion:
         """The streamed event of a prompt-processing report ``p`` (``return_progress``): an
         empty partial object with ``prompt_progress`` (and the ``timings`` so far under
         ``timings_per_token``)."""
-        return {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0,
+        return {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": self.id_slot,
                 "tokens_predicted": 0, "tokens_evaluated": self.n_prompt,
                 **telemetry(self.req, progress=p)}
 
@@ -254,7 +254,7 @@ class _Completion:
         s = result.stats
         out = {"index": 0, "content": "" if streamed else text,
                "tokens": list(result.tokens) if self.body.return_tokens and not streamed else [],
-               "id_slot": 0, "stop": True, "model": self.model_id,
+               "id_slot": self.id_slot, "stop": True, "model": self.model_id,
                "tokens_predicted": s.n_tokens, "tokens_evaluated": self.n_prompt,
                "generation_settings": generation_settings(self.req, self.body.stream,
                                                           self.biases),
@@ -326,6 +326,7 @@ async def _start(request: HttpRequest, body: LlamaCompletionRequest, req, prompt
                         engine.verifier.model.detokenize(ids, special=True),
                         len(ids), lambda result: speculative_block(req, result),
                         engine.logit_biases(req))
+    shape.id_slot = job.id_slot
     return job, watch, shape
 
 
@@ -471,7 +472,8 @@ def model_facts(engine) -> dict:
     def text(token: int) -> str:
         return model.token_text(token).decode("utf-8", "replace") if token >= 0 else ""
 
-    return {"n_ctx": engine.verifier.n_ctx, "chat_template": model.chat_template() or "",
+    return {"n_ctx": engine.verifier.n_ctx, "n_slots": len(engine.slots),
+            "chat_template": model.chat_template() or "",
             "bos_token": text(model.bos), "eos_token": text(model.eos)}
 
 
@@ -491,7 +493,7 @@ async def props(request: HttpRequest):
     defaults = config.defaults
     return {"default_generation_settings": {"n_ctx": facts["n_ctx"],
                                             "params": generation_settings(defaults)},
-            "total_slots": 1, "model_alias": config.model_id,
+            "total_slots": facts["n_slots"], "model_alias": config.model_id,
             # the file's name, never this machine's path (docs/server.md "Endpoints and
             # fields against llama-server")
             "model_path": os.path.basename(str(config.verifier)),
@@ -513,26 +515,30 @@ async def set_props(request: HttpRequest):
 
 
 # -------------------------------------------------------------------------------------------------
-# Slots: one here (id 0), its prompt cache saved to and restored from --slot-save-path
+# Slots (--parallel N): each one's state; its prompt cache saved to and restored from
+# --slot-save-path, or erased
 # -------------------------------------------------------------------------------------------------
 
 @router.get("/slots")
 async def slots(request: HttpRequest, fail_on_no_slot: str | None = None):
-    """llama-server's slot list: the one slot's state (``is_processing`` while a request runs;
-    ``n_prompt_tokens`` and ``prompt``: what its cache holds, which the next request's prefix
-    reuse reads). ``?fail_on_no_slot=1``: 503 while it is busy."""
+    """llama-server's slot list: each slot's state (``is_processing`` while a request runs on
+    it; ``n_prompt_tokens`` and ``prompt``: what its cache holds, which the next request's
+    prefix reuse reads). ``?fail_on_no_slot=1``: 503 while every slot is busy."""
     worker, config = request.app.state.worker, request.app.state.config
     if not config.slots:
         return llama_error(501, "this server does not serve /slots: start it with --slots")
     engine = await _engine(request)
-    busy = worker.waiting > 0 or worker.busy
-    if fail_on_no_slot and busy:
+    busy = [s.busy for s in engine.slots]
+    if fail_on_no_slot and (all(busy) or worker.waiting > 0):
         return llama_error(503, "no slot available")
-    held = list(engine.verifier.tokens)  # (a copy: the worker may be changing it)
-    return [{"id": 0, "n_ctx": engine.verifier.n_ctx,
-             "speculative": config.defaults.speculates, "is_processing": busy,
-             "n_prompt_tokens": len(held),
-             "prompt": engine.verifier.model.detokenize(held, special=True)}]
+    out = []
+    for slot, processing in zip(engine.slots, busy):
+        held = list(slot.verifier.tokens)  # (a copy: the worker may be changing it)
+        out.append({"id": slot.id, "n_ctx": slot.verifier.n_ctx,
+                    "speculative": config.defaults.speculates, "is_processing": processing,
+                    "n_prompt_tokens": len(held),
+                    "prompt": slot.verifier.model.detokenize(held, special=True)})
+    return out
 
 
 class SlotFile(BaseModel):
@@ -554,15 +560,18 @@ def _slot_file(folder: str, name: str | None) -> str:
 async def slot_action(id_slot: str, request: HttpRequest, action: str | None = None,
                       body: SlotFile | None = None):
     """llama-server's ``?action=save`` / ``restore`` (``{"filename"}`` in --slot-save-path) and
-    ``erase`` of the slot's prompt cache, run on the engine's thread between two requests."""
+    ``erase`` of the slot's prompt cache, run on the engine's thread between two steps."""
     state = request.app.state
     folder = state.config.slot_save_path
     if not folder:
         return llama_error(501, "this server does not save slots: start it with "
                                 "--slot-save-path DIR")
-    if id_slot not in ("0", "-1"):
-        return llama_error(400, f"invalid slot id {id_slot!r}: this server has one slot, 0",
+    n_slots = state.config.n_parallel
+    if not id_slot.isdigit() or int(id_slot) >= n_slots:
+        return llama_error(400, f"invalid slot id {id_slot!r}: this server has {n_slots} "
+                                f"(0 .. {n_slots - 1}; --parallel sets how many)",
                            param="id_slot")
+    slot = int(id_slot)
     if action not in ("save", "restore", "erase"):
         return llama_error(400, f"invalid action {action!r}: save, restore or erase",
                            param="action")
@@ -576,12 +585,11 @@ async def slot_action(id_slot: str, request: HttpRequest, action: str | None = N
         t0 = time.perf_counter()
         if action == "save":
             os.makedirs(folder, exist_ok=True)
-            n_tokens, n_bytes = engine.save_cache(path)
+            n_tokens, n_bytes = engine.save_cache(path, slot)
         elif action == "restore":
-            n_tokens, n_bytes = engine.restore_cache(path)
+            n_tokens, n_bytes = engine.restore_cache(path, slot)
         else:
-            n_tokens, n_bytes = engine.verifier.n_past, 0
-            engine.reset()
+            n_tokens, n_bytes = engine.erase_cache(slot), 0
         return n_tokens, n_bytes, (time.perf_counter() - t0) * 1e3
 
     redact = state.redact
@@ -590,14 +598,14 @@ async def slot_action(id_slot: str, request: HttpRequest, action: str | None = N
     watch = await submit(state.worker, job, request, lambda e: llama_error_of(e, redact))
     if isinstance(watch, Response):
         return watch
-    return await watch.answer(lambda _, done: _slot_answer(action, body, *done),
+    return await watch.answer(lambda _, done: _slot_answer(action, body, slot, *done),
                               lambda e: llama_error_of(e, redact))
 
 
-def _slot_answer(action: str, body, n_tokens: int, n_bytes: int, ms: float) -> dict:
+def _slot_answer(action: str, body, slot: int, n_tokens: int, n_bytes: int, ms: float) -> dict:
     if action == "erase":
-        return {"id_slot": 0, "n_erased": n_tokens}
+        return {"id_slot": slot, "n_erased": n_tokens}
     key, size, timing = (("n_saved", "n_written", "save_ms") if action == "save"
                          else ("n_restored", "n_read", "restore_ms"))
-    return {"id_slot": 0, "filename": body.filename, key: n_tokens, size: n_bytes,
+    return {"id_slot": slot, "filename": body.filename, key: n_tokens, size: n_bytes,
             "timings": {timing: ms}}

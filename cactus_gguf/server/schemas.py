@@ -108,6 +108,7 @@ class _Common(BaseModel):
     n: int = 1
     user: str | None = None
     cache_prompt: bool | None = None
+    id_slot: int | None = None  # llama-server's: the slot to run on (-1: any)
     speculative: Union[Speculative, bool, None] = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
@@ -288,7 +289,7 @@ def overrides(body: _Common) -> dict[str, Any]:
                              param="n_predict")
         out["n_predict"] = body.n_predict
     for name in ("temperature", "top_p", "top_k", "min_p", "seed", "cache_prompt", "logit_bias",
-                 "ignore_eos", "timings_per_token", "return_progress"):
+                 "ignore_eos", "timings_per_token", "return_progress", "id_slot"):
         value = getattr(body, name)
         if value is not None:
             out[name] = value

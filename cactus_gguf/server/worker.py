@@ -1,9 +1,11 @@
-"""One thread owns the engine: it loads the models, then serves queued jobs one at a time, in
-arrival order, streaming each job's chunks back to the asyncio side.
+"""One thread owns the engine: it loads the models, then serves queued jobs in arrival order,
+streaming each job's chunks back to the asyncio side. As many jobs run at once as the engine has
+slots (``--parallel``): each on its own slot, their steps taken in turn (one step, or one prompt,
+of each running job per round); the others wait in the queue.
 
 A job is cancelled (client gone, server stopping) or runs out of time between two steps, or
 between two ``n_batch`` chunks of its prompt: the engine then stops it there and the next job
-starts. ``shutdown(grace)`` refuses every job not yet running and ends the running one after
+starts. ``shutdown(grace)`` refuses every job not yet running and ends the running ones after
 ``grace`` seconds (``stopped_by`` "shutdown"). Whatever a job does
 (bad input, a failed decode, a disconnect), the engine is ready for the next one: the engine
 restores its caches per request and a failed step leaves it consistent.
@@ -29,6 +31,7 @@ from typing import Any, Callable
 
 from ..errors import CapacityError, EngineError, InputError
 from ..llama.devices import RpcServerLostError
+from ..speculative.together import DONE
 
 __all__ = ["Job", "Worker", "QueueFullError", "ShuttingDownError"]
 
@@ -80,6 +83,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     stopped_by: str = ""
     cancel_reason: str = "cancelled"
+    id_slot: int = 0  # the slot its generation runs on (set before "started")
     enqueued: float = field(default_factory=time.perf_counter)
 
     def put(self, kind: str, payload: Any) -> None:
@@ -127,7 +131,7 @@ class Worker:
         self.state, self.error = "loading", ""
         self.exception: BaseException | None = None
         self.stopping = False  # shutdown() was called: no new job starts
-        self._running: Job | None = None
+        self._running: list[Job] = []  # the jobs running now, at most one per slot
         self.engine = None
         self.ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cactus-engine", daemon=True)
@@ -160,33 +164,39 @@ class Worker:
     @property
     def busy(self) -> bool:
         """A job is running."""
-        return self._running is not None
+        return bool(self._running)
 
     @property
     def waiting(self) -> int:
-        """Jobs queued behind the running one."""
-        return max(0, self._outstanding - 1)
+        """Jobs queued behind the running ones."""
+        return max(0, self._outstanding - len(self._running))
 
     @property
     def processing(self) -> int:
-        """Jobs running: 1 or 0 (llama-server's ``requests_processing``)."""
-        return 0 if self._running is None else 1
+        """Jobs running (llama-server's ``requests_processing``): at most the slots."""
+        return len(self._running)
+
+    @property
+    def n_slots(self) -> int:
+        """Jobs that may run at once: the engine's slots (1 before it is loaded)."""
+        return len(getattr(self.engine, "slots", ())) or 1
 
     def submit(self, job: Job) -> None:
-        """Queue ``job``; QueueFullError when one job runs and max_queue jobs already wait."""
+        """Queue ``job``; QueueFullError when every slot runs a job and max_queue jobs already
+        wait."""
         if self.stopping:
             raise ShuttingDownError()
         with self._lock:
-            if self._outstanding > self.max_queue:
-                raise QueueFullError(f"the server is busy: {self._outstanding - 1} requests are "
+            if self._outstanding >= self.max_queue + self.n_slots:
+                raise QueueFullError(f"the server is busy: {self.waiting} requests are "
                                      f"waiting (--max-queue {self.max_queue}); retry shortly")
             self._outstanding += 1
         self._jobs.put(job)
 
     def shutdown(self, grace: float) -> None:
         """Begin a graceful stop (thread-safe, idempotent): jobs not yet running are refused
-        (ShuttingDownError); the running one may finish within ``grace`` seconds, then it is
-        ended with ``stopped_by`` "shutdown". ``stop()`` ends the thread afterwards."""
+        (ShuttingDownError); the running ones may finish within ``grace`` seconds, then they
+        are ended with ``stopped_by`` "shutdown". ``stop()`` ends the thread afterwards."""
         if self.stopping:
             return
         self.stopping = True
@@ -195,8 +205,7 @@ class Worker:
         timer.start()
 
     def _end_running(self) -> None:
-        job = self._running
-        if job is not None:
+        for job in list(self._running):
             job.cancel("shutdown")
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -216,23 +225,57 @@ class Worker:
             self.ready.set()
             return
         self.ready.set()
+        running: list[list] = []  # [job, _serve's generator, what it yielded], at most n_slots
+        stop = False
         try:
-            while True:
-                job = self._next_job()
-                if job is None:
-                    break
-                try:
+            while not stop or running:
+                while not stop and len(running) < self.n_slots:  # start what slots allow
+                    try:
+                        job = self._next_job() if not running else self._jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if job is None:  # stop(): the running jobs end at their next step
+                        stop = True
+                        self._end_running()
+                        break
                     if self.engine is None and not self._wake(job):
+                        self._done(job)
                         continue
-                    self._serve(job)
-                finally:
-                    with self._lock:
-                        self._outstanding -= 1
-                        self._last_use = time.monotonic()
+                    self._running.append(job)
+                    running.append([job, self._serve(job), None])
+                self._round(running)
         finally:
             if self.engine is not None:
                 self.engine.close()
             self.state = "stopped"
+
+    def _round(self, running: list[list]) -> None:
+        """One engine call for each running job: a job that has not begun begins (its prompt
+        prepared, its stream made); the streams are advanced together (Engine.step_streams:
+        one prompt, or one step each, the steps of separate slots verified in one batch), and
+        each outcome handed to its job. A job that ends leaves ``running``."""
+        def feed(entry, outcome=None, first=False):
+            job, gen, _ = entry
+            try:
+                entry[2] = next(gen) if first else (
+                    gen.throw(outcome) if isinstance(outcome, BaseException) else gen.send(outcome))
+            except StopIteration:
+                running.remove(entry)
+                self._running.remove(job)
+                self._done(job)
+
+        for entry in [e for e in running if e[2] is None]:
+            feed(entry, first=True)
+        stepping = list(running)
+        if stepping:
+            outcomes = self.engine.step_streams([e[2] for e in stepping])
+            for entry, outcome in zip(stepping, outcomes):
+                feed(entry, outcome)
+
+    def _done(self, job: Job) -> None:
+        with self._lock:
+            self._outstanding -= 1
+            self._last_use = time.monotonic()
 
     def _next_job(self) -> Job | None:
         """The next job; while none comes, the engine is freed once it has been idle for
@@ -271,7 +314,9 @@ class Worker:
             self.engine, self.state = engine, "ready"
         return True
 
-    def _serve(self, job: Job) -> None:
+    def _serve(self, job: Job):
+        """Run ``job`` (a generator: it yields its Stream each time it wants an engine call, and
+        is sent that call's outcome, or thrown its exception: :meth:`_round`)."""
         waited = time.perf_counter() - job.enqueued
         if self.stopping:
             job.put("error", ShuttingDownError())
@@ -287,13 +332,12 @@ class Worker:
             self.on_finish(job, None, waited)
             return
         result = None
-        self._running = job
         try:
             if job.task is not None:
                 job.put("started", None)
                 job.put("done", job.task(self.engine))
             else:
-                result = self._generate(job)
+                result = yield from self._generate(job)
         except RpcServerLostError as e:  # every later request would fail too: /health says so
             self.state, self.error = "lost", str(e)
             job.put("error", e)
@@ -301,12 +345,12 @@ class Worker:
             job.put("error", e)
         except Exception as e:  # noqa: BLE001 - an engine failure must not end the server
             job.put("error", EngineError(f"{type(e).__name__}: {e}"))
-        finally:
-            self._running = None
         self.on_finish(job, result, waited)
 
     def _generate(self, job: Job):
-        """Runs ``job``'s generation, handing its events over; its GenerationResult."""
+        """Runs ``job``'s generation, handing its events over: yields its Stream for each engine
+        call and is sent the call's Chunk (None: no text released; DONE: the stream ended);
+        returns its GenerationResult."""
         if job.prepare is not None:
             job.prompt, job.request = job.prepare(self.engine)
         prompt = self.engine.format_chat(job.prompt) if job.chat else job.prompt
@@ -315,15 +359,20 @@ class Worker:
         # the prompt is processed; each chunk's statistics as of its step
         progress = (lambda p: job.put("progress", p)) if req.return_progress else None
         stream = self.engine.stream(prompt, req, cancel=job.should_stop, progress=progress)
+        job.id_slot = stream.slot
         job.put("started", None)
-        for chunk in stream.steps():
-            if chunk is not None:
-                if req.timings_per_token:
-                    chunk = dataclasses.replace(chunk, stats=stream.stats_so_far())
-                job.put("chunk", chunk)
-            if job.should_stop():  # (a prompt cut short by it ends the stream too)
-                job.stopped_by = job.cancel_reason if job.cancelled.is_set() else "timeout"
-                break
+        try:
+            while (chunk := (yield stream)) is not DONE:
+                if chunk is not None:
+                    if req.timings_per_token:
+                        chunk = dataclasses.replace(chunk, stats=stream.stats_so_far())
+                    job.put("chunk", chunk)
+                if job.should_stop():  # (a prompt cut short by it ends the stream too)
+                    job.stopped_by = job.cancel_reason if job.cancelled.is_set() else "timeout"
+                    break
+        except BaseException:
+            stream.close()
+            raise
         result = stream.result if stream.result is not None else stream.partial(job.stopped_by)
         stream.close()
         job.put("done", result)

@@ -14,9 +14,11 @@ them, the native helper accepts a prefix and emits the residual / bonus token, b
 back to the committed prefix. The models are loaded by loading.py.
 
 Between requests the caches keep what they hold: a new request reuses the longest common prefix of
-its prompt with it (llama-server's ``cache_prompt``) and decodes only the rest. One generation runs
-at a time; a step takes the engine's lock, and a generation whose caches were used by another one
-in between (an interleaved stream) gets them restored to its own committed tokens first.
+its prompt with it (llama-server's ``cache_prompt``) and decodes only the rest. With
+``n_parallel`` N the contexts hold N sequences, the slots (slots.py): each generation runs on one,
+so N of them keep their own caches. One step runs at a time (it takes the engine's lock), so
+generations interleave step by step; one whose slot's caches were used by another in between
+(more interleaved streams than slots) gets them restored to its own committed tokens first.
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ from .logprobs import LogprobReader
 from .policy import CostAwareDraftLength, FixedDraftLength, ForwardCosts
 from .scope import CodeScope, chat_opening, opens_chat_answer
 from .session import Chunk, Progress, Session
+from .slots import Slot, Slots
+from .together import DONE, batchable, steps_together
 from .step import run_step
 from .vocab import bias_row, end_set, eog_ids, logit_biases, token_pieces
 
@@ -121,6 +125,28 @@ class Stream(Iterator[str]):
 
     def close(self) -> None:
         self._chunks.close()
+        self._session.slot.release(self._session)
+
+    def _call(self, advance):
+        """``advance(session)`` for :meth:`Engine.step_streams`: its Chunk or None, DONE when
+        the generation had ended, or the exception it raised."""
+        if self._session.finished:
+            return self._ended()
+        try:
+            return advance(self._session)
+        except Exception as e:  # noqa: BLE001 - handed to the stream's caller
+            return e
+
+    def _ended(self):
+        """DONE, with ``result`` set (the stream's end, reached through step_streams)."""
+        self.result = self._session.result
+        self._session.slot.release(self._session)
+        return DONE
+
+    @property
+    def slot(self) -> int:
+        """The id of the slot the generation runs on (slots.py)."""
+        return self._session.slot.id
 
     def stats_so_far(self):
         """The generation's statistics as they stand now (Session.stats_so_far)."""
@@ -193,17 +219,25 @@ class Engine:
                 log.debug("%s: %s", role, c.model.placement.summary())
         #: the verifier's MTP head (``--drafter mtp`` at load), kept in step with it (mtp.py)
         self.mtp: MtpHead | None = None
+        n_seq = self.verifier.n_seq
         if mtp:
             try:
                 head = Context(self.verifier.model, dataclasses.replace(
                     draft_context or ContextOptions(
                         n_ctx=self.verifier.n_ctx, n_batch=self.verifier.n_batch,
                         n_threads=self.verifier.n_threads, flash_attn=self.load_options.flash_attn),
-                    n_ctx=self.verifier.n_ctx, mtp=True))
+                    n_ctx=self.verifier.n_ctx * (1 if self.verifier.kv_unified else n_seq),
+                    n_parallel=n_seq, kv_unified=self.verifier.kv_unified, mtp=True))
                 self.mtp = MtpHead(self.verifier, head)
             except BaseException:
                 self.close()
                 raise
+        #: the slots (slots.py): slot 0 holds the contexts above, the others their sequences
+        self.slots = Slots([Slot(0, self.verifier, self.draft, self.mtp)] + [
+            Slot(i, self.verifier.sequence(i), self.draft and self.draft.sequence(i),
+                 self.mtp and MtpHead(self.verifier.sequence(i), self.mtp.head.sequence(i)))
+            for i in range(1, n_seq)])
+        self._slot_lock = threading.Lock()  # a slot's choice and its marking as taken
         cannot = next((name for name, c in (("VERIFIER", self.verifier), ("DRAFT", self.draft))
                         if c is not None and not c.can_shift), None)
         if self.load_options.context_shift and cannot is not None:
@@ -226,7 +260,6 @@ class Engine:
         # the vocabulary tables built on first use (end sets, grammar tokenizer, vocabulary maps):
         # read-only model data, so a caller that will not wait is not held by a generation
         self._cache_lock = threading.Lock()
-        self._owner: Session | None = None  # the session the caches currently hold
         self._costs: ForwardCosts | None = None  # -k auto: probed on first use
         self._costs_k = 0
         self.probe: dict | None = None  # how forward_costs got them
@@ -241,10 +274,13 @@ class Engine:
 
     def close(self) -> None:
         """Free both models (contexts first). Idempotent."""
+        for slot in getattr(self, "slots", ()):
+            if slot.mtp is not None:
+                slot.mtp.close()
         if getattr(self, "mtp", None) is not None:
             self.mtp.close()
-            self.mtp.head.close()  # a context of the verifier's model: before it
-            self.mtp = None
+            self.mtp.head.close()  # a context of the verifier's model: before it (every
+            self.mtp = None  # sequence's with it)
         for c in (self.draft, self.verifier):
             if c is not None:
                 c.close()
@@ -257,34 +293,49 @@ class Engine:
         self.close()
 
     def reset(self) -> None:
-        """Empty both KV caches (the next request reuses nothing)."""
+        """Empty every slot's KV caches (the next request reuses nothing)."""
         with self._lock:
-            for c in (self.verifier, self.draft, self.mtp.head if self.mtp else None):
-                if c is not None:
+            for slot in self.slots:
+                for c in slot.contexts():
                     c.clear()
-            self._owner = None
+                slot.owner = None
 
-    def save_cache(self, path: str | Path) -> tuple[int, int]:
-        """Write the verifier's cache (its KV cache and any recurrent state: what the next
-        request's prefix reuse reads) and its tokens to ``path``, llama.cpp's state file.
-        Returns (tokens, bytes) written. Raises DecodeError when llama.cpp writes nothing."""
+    def save_cache(self, path: str | Path, id_slot: int = 0) -> tuple[int, int]:
+        """Write slot ``id_slot``'s verifier cache (its KV cache and any recurrent state: what
+        the next request's prefix reuse reads) and its tokens to ``path``, llama.cpp's state
+        file. Returns (tokens, bytes) written. Raises DecodeError when llama.cpp writes nothing,
+        InputError for a slot out of range."""
         with self._lock:
-            ctx = self._live()
+            self._live()
+            ctx = self.slots.get(id_slot).verifier
             return ctx.n_past, ctx.save_file(path)
 
-    def restore_cache(self, path: str | Path) -> tuple[int, int]:
-        """Replace the verifier's cache by the one :meth:`save_cache` wrote (the same model and
-        n_ctx), so the next request that starts with its tokens reuses them; the draft's cache
-        (and an MTP head's) is emptied: it decodes its prompt again. Returns (tokens, bytes)
-        read. Raises DecodeError for a file llama.cpp cannot read (every cache is then empty)."""
+    def restore_cache(self, path: str | Path, id_slot: int = 0) -> tuple[int, int]:
+        """Replace slot ``id_slot``'s verifier cache by the one :meth:`save_cache` wrote (the
+        same model and n_ctx), so the next request that starts with its tokens reuses them; the
+        slot's draft cache (and an MTP head's) is emptied: it decodes its prompt again. Returns
+        (tokens, bytes) read. Raises DecodeError for a file llama.cpp cannot read (the slot's
+        caches are then empty), InputError for a slot out of range."""
         with self._lock:
-            for c in (self.draft, self.mtp.head if self.mtp else None):
-                if c is not None:
-                    c.clear()
-            self._owner = None
-            ctx = self._live()
-            n = ctx.load_file(path)
-            return ctx.n_past, n
+            self._live()
+            slot = self.slots.get(id_slot)
+            for c in slot.contexts()[1:]:
+                c.clear()
+            slot.owner = None
+            n = slot.verifier.load_file(path)
+            return slot.verifier.n_past, n
+
+    def erase_cache(self, id_slot: int = 0) -> int:
+        """Empty slot ``id_slot``'s caches (llama-server's slot erase); the tokens it held.
+        InputError for a slot out of range."""
+        with self._lock:
+            self._live()
+            slot = self.slots.get(id_slot)
+            n = slot.verifier.n_past
+            for c in slot.contexts():
+                c.clear()
+            slot.owner = None
+            return n
 
     # -- prompts -----------------------------------------------------------------------------------
 
@@ -400,6 +451,30 @@ class Engine:
         session.progress = progress
         return Stream(self._chunks(session, wait), session)
 
+    def step_streams(self, streams: Sequence[Stream]) -> list:
+        """One engine call for each of ``streams`` (the server's round over its slots): a prompt
+        not yet processed, else one step; the steps of generations on separate KV-only slots
+        share one verification batch (together.py). Per stream, in order: its Chunk or None
+        (as :meth:`Stream.steps`), :data:`DONE` once it has ended (``result`` set), or the
+        exception that ended it."""
+        out: list = [None] * len(streams)
+        with self._lock:
+            self._live()
+            together = [i for i, st in enumerate(streams) if batchable(st._session)]
+            if len(together) < 2:
+                together = []
+            for i, st in enumerate(streams):
+                if i not in together:
+                    out[i] = st._call(lambda s: self._advance(s))
+            if together:
+                for i, got in zip(together, steps_together(
+                        self, [streams[i]._session for i in together])):
+                    out[i] = got
+        for i, st in enumerate(streams):
+            if st._session.finished and not isinstance(out[i], BaseException) and out[i] is None:
+                out[i] = st._ended()
+        return out
+
     def chat(self, messages: Sequence[dict], request: Request | None = None, **kwargs
              ) -> GenerationResult:
         """:meth:`generate` on ``messages`` rendered with the GGUF chat template."""
@@ -424,11 +499,14 @@ class Engine:
 
     def _chunks(self, session: Session, wait: bool):
         first = True
-        while not session.finished:
-            with self._acquire(wait or not first):
-                chunk = self._advance(session)
-            first = False
-            yield chunk
+        try:
+            while not session.finished:
+                with self._acquire(wait or not first):
+                    chunk = self._advance(session)
+                first = False
+                yield chunk
+        finally:  # finished, or abandoned (the stream closed): the slot is free
+            session.slot.release(session)
         return session.result
 
     def _begin(self, prompt, req: Request, cancel: Callable[[], bool] | None = None) -> Session:
@@ -436,7 +514,7 @@ class Engine:
         ver = self._live()
         validate_pairing(self.load_options, req)
         check_speculation(req, drafters=self.drafters)  # a drafter these models run
-        tokens = prompt_tokens(prompt, self.tokenize, ver.n_vocab, ver.n_ctx)
+        tokens = prompt_tokens(prompt, self.tokenize, ver.n_vocab, ver.n_ctx, len(self.slots))
         acceptance = acceptance_params(req, self._end_mask(req))
         if acceptance is not None and (req.spec_synth_rates or req.spec_synth_len):
             # synthetic acceptance runs no rule (drafters.py SynthDrafter); under greedy's
@@ -444,13 +522,30 @@ class Engine:
             # verifier alone's tokens whatever the method named
             acceptance = dataclasses.replace(acceptance, method="greedy")
         seed = req.seed if req.seed >= 0 else secrets.randbits(32)
-        drafter = self._make_drafter(req, seed) if acceptance is not None else None
+        with self._slot_lock:  # a free slot is taken by one generation only
+            slot = self.slots.choose(tokens, req.id_slot)
+            placeholder = _Taken()
+            slot.take(placeholder)
+        try:
+            drafter = self._make_drafter(req, seed, slot) if acceptance is not None else None
+        except BaseException:
+            slot.release(placeholder)
+            raise
         bias = bias_row(self.logit_biases(req), ver.n_vocab)
         sampler = NativeSampler(ver.n_vocab, sampling_params(req),
                                 acceptance or AcceptanceParams(method="sps"), seed,
                                 draft_temp=req.draft_temp, logit_bias=bias)
-        session = Session(tokens, req, seed, sampler, drafter, self._policy(req, drafter),
-                          n_ctx=ver.n_ctx, constraint=self._constraint(req), should_stop=cancel)
+        try:
+            session = Session(tokens, req, seed, sampler, drafter, self._policy(req, drafter),
+                              n_ctx=ver.n_ctx, constraint=self._constraint(req),
+                              should_stop=cancel)
+        except BaseException:
+            slot.release(placeholder)
+            raise
+        session.slot = slot
+        with self._slot_lock:
+            if not slot.busy or slot._active() is placeholder:
+                slot.take(session)
         session.context_shift = self.load_options.context_shift
         # how a draft model's tokens reached the verifier: None where draft_vocab does not apply
         # (no draft model: ngram, mtp), as every answer reports it (options/rule.py)
@@ -463,7 +558,7 @@ class Engine:
         if req.n_probs is not None:  # log-probabilities of the emitted tokens (logprobs.py)
             session.logprobs = LogprobReader(sampler, req.n_probs, req.post_sampling_probs,
                                              ver.model.token_to_piece)
-        session.device_top_k = device_top_k(req, ver, drafter, logprobs=req.n_probs is not None,
+        session.device_top_k = device_top_k(req, slot.verifier, drafter, logprobs=req.n_probs is not None,
                                             grammar=session.constraint is not None,
                                             biased=bias is not None)
         return session
@@ -482,9 +577,11 @@ class Engine:
         return logit_biases(ver.model, req.logit_bias, req.ignore_eos, self._eogs or (),
                             ver.n_vocab)
 
-    def _make_drafter(self, req: Request, seed: int):
-        """The drafter ``req`` drafts with on this engine's models (factory.py)."""
-        return make_drafter(req, seed, verifier=self._live(), draft=self.draft, mtp=self.mtp,
+    def _make_drafter(self, req: Request, seed: int, slot: Slot):
+        """The drafter ``req`` drafts with on ``slot``'s sequences of this engine's models
+        (factory.py)."""
+        self._live()
+        return make_drafter(req, seed, verifier=slot.verifier, draft=slot.draft, mtp=slot.mtp,
                             pair_vocab=self.pair_vocab, lock=self._cache_lock)
 
     def _scoped_gap(self, req: Request, acceptance: AcceptanceParams | None,
@@ -560,24 +657,25 @@ class Engine:
                 self._slow_steps.expect(self._costs)
                 self.probe = {"cached": cached, "seconds": time.perf_counter() - t0}
                 self._costs_k = k_max
-                self._owner = None  # the probe emptied both caches
+                self.slots[0].owner = None  # the probe emptied slot 0's caches
             return self._costs
 
     def _advance(self, session: Session) -> Chunk | None:
         """Under the lock: process the prompt, or run one step; the text released."""
         self._live()
+        slot = session.slot
         try:
             if not session.started:
                 self._prefill(session)
                 return None
-            if self._owner is not session:
+            if slot.owner is not session:
                 self._resync(session)
-            pieces = run_step(self.verifier, session, self._slow_steps)
+            pieces = run_step(slot.verifier, session, self._slow_steps)
             if session.finished:
                 pieces += session.finish()
             return session.chunk(pieces)
         except BaseException:
-            self._owner = None  # the caches may hold part of a step: restore before any reuse
+            slot.owner = None  # the caches may hold part of a step: restore before any reuse
             session.finished = True
             raise
 
@@ -585,6 +683,8 @@ class Engine:
         """Decode the prompt but its last token (which opens the first verification batch),
         reusing what the caches already hold."""
         t0 = session.t_prefill = time.perf_counter()
+        slot = session.slot
+        verifier, draft = slot.verifier, slot.draft
         reuse = session.request.cache_prompt
         prompt = session.prompt
         stop = session.should_stop or (lambda: False)
@@ -599,18 +699,16 @@ class Engine:
         try:  # a cancel is seen between n_batch chunks (a long prompt takes many) and, on a CPU,
             # inside one (llama.cpp's abort callback: llama/abort.py)
             with contextlib.ExitStack() as interruptible:
-                for c in (self.verifier, self.draft):
+                for c in (verifier, draft):
                     if c is not None:
                         interruptible.enter_context(c.interruptible(
-                            stop, chunk_progress if report is not None and c is self.verifier
+                            stop, chunk_progress if report is not None and c is verifier
                             else None))
                 if session.should_stop is not None:
-                    abort = interruptible.enter_context(abortable((self.verifier, self.draft),
-                                                                  stop))
-                if self.mtp is not None:  # the head's decodes of this prompt: its reuse (mtp.py)
-                    self.mtp.n_caught_up = 0
-                session.stats.n_prompt_tokens_reused = self.verifier.sync(prompt[:-1],
-                                                                          reuse=reuse)
+                    abort = interruptible.enter_context(abortable((verifier, draft), stop))
+                if slot.mtp is not None:  # the head's decodes of this prompt: its reuse (mtp.py)
+                    slot.mtp.n_caught_up = 0
+                session.stats.n_prompt_tokens_reused = verifier.sync(prompt[:-1], reuse=reuse)
                 if session.drafter is not None and not stop():
                     lazy = isinstance(session.policy, CostAwareDraftLength)  # drafts if it pays
                     reused = session.drafter.reset(prompt, reuse=reuse, lazy=lazy)
@@ -636,7 +734,7 @@ class Engine:
         log.debug("prompt of %d tokens: %d reused from the verifier's cache, %d from the draft's",
                   len(prompt), session.stats.n_prompt_tokens_reused,
                   session.stats.n_draft_prompt_tokens_reused)
-        self._owner = None if cancelled else session
+        slot.owner = None if cancelled else session
         session.started = True
         session.t_start = time.perf_counter()
         if cancelled:
@@ -646,10 +744,10 @@ class Engine:
     def _resync(self, session: Session) -> None:
         """Another generation used the caches since this session's last step: make them hold
         this session's committed tokens again (prefix reuse keeps what both share)."""
-        self.verifier.sync(session.committed[:-1])
+        session.slot.verifier.sync(session.committed[:-1])
         if session.drafter is not None and not session.drafter.resync(session.committed):
             session.stop_drafting("a token the draft's vocabulary lacks")
-        self._owner = session
+        session.slot.owner = session
 
 
 def _draft_behind(drafter) -> int:
@@ -658,3 +756,9 @@ def _draft_behind(drafter) -> int:
     model = getattr(drafter, "model", drafter)
     ctx, deferred = getattr(model, "ctx", None), getattr(model, "deferred_prompt", 0)
     return max(0, deferred - ctx.n_past) if deferred and ctx is not None else 0
+
+
+class _Taken:
+    """A slot's ``active`` while the generation that took it is being made (never finished)."""
+
+    finished = False

@@ -55,7 +55,8 @@ def load_pair(verifier: str | Path, draft: str | Path | None, lo: LoadOptions, *
     the verifier's next-n (MTP) layers too (``--drafter mtp``)."""
     repack = repack if repack is not None else lo.repack
     ctx_opts = ContextOptions(n_ctx=lo.n_ctx, n_batch=lo.n_batch, n_threads=lo.n_threads,
-                              flash_attn=lo.flash_attn)
+                              flash_attn=lo.flash_attn, n_parallel=lo.n_parallel,
+                              kv_unified=lo.kv_unified)
     check_servers(rpc=lo.rpc, rpc_draft=lo.rpc_draft if draft is not None else None)
     ver = dft = pair = None
     try:
@@ -69,7 +70,8 @@ def load_pair(verifier: str | Path, draft: str | Path | None, lo: LoadOptions, *
                                      rpc=lo.rpc_draft,
                                      option_names=("device_draft", "rpc_draft", "tensor_split")),
                         # a draft's rollbacks span one-token decodes: checkpoints, not snapshots
-                        dataclasses.replace(draft_context or ctx_opts, n_rs_seq=0))
+                        dataclasses.replace(draft_context or ctx_opts, n_rs_seq=0,
+                                            n_parallel=lo.n_parallel, kv_unified=lo.kv_unified))
             pair = PairVocab.of(ver.model, dft.model)
     except BaseException:
         for c in (dft, ver):  # contexts before models, the draft first (as Engine.close)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -32,15 +33,45 @@ from .draft import Draft, DraftPlan
 from .drafters import SynthDrafter
 from .session import Session
 
-__all__ = ["run_step"]
+__all__ = ["run_step", "begin_step", "end_step", "Verification"]
 
 log = logging.getLogger("cactus_gguf.speculative.engine")
+
+
+@dataclass
+class Verification:
+    """A step between its draft and its verification (:func:`begin_step`): the verifier decodes
+    ``tokens`` (the pending token(s), then the drafts) with logits for the last ``n_logits`` =
+    len(draft) + 1 rows, of which it may drop ``may_drop`` = len(draft) again."""
+
+    tokens: list[int]
+    n_logits: int
+    may_drop: int
+    proposal: Draft
+    legal: Draft
+    draft: Draft
+    top_k: int
+    late: float
+    t_draft: float
+    t_verify: float = 0.0
 
 
 def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[str]:
     """One draft-verify-accept-commit step of ``session`` on the verifier's context ``ver`` (which
     holds committed[:-1]); the text it released. ``slow_steps`` watches the verify times.
     Raises EngineError (a decode or the native helper failed; the caller restores the caches)."""
+    v = begin_step(ver, session)
+    if v is None:
+        return []
+    v.t_verify = time.perf_counter()
+    logits = ver.decode(v.tokens, n_logits=v.n_logits, may_drop=v.may_drop)
+    return end_step(ver, session, v, logits, slow_steps)
+
+
+def begin_step(ver: Context, session: Session) -> Verification | None:
+    """The first half of a step: plan it, draft, and say what the verifier must decode (None,
+    the session stopped: a full context). The engine decodes it alone (:func:`run_step`) or in
+    one batch with other slots' verifications (engine.py), then calls :func:`end_step`."""
     committed, grammar, policy = session.committed, session.constraint, session.policy
     # The verifier holds committed[:-1]; the batch adds the pending token plus k drafts,
     # so k <= n_ctx - len(committed). Below 0 not even the pending token fits.
@@ -50,7 +81,7 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
         room = ver.n_ctx - len(committed)
     if room < 0:
         session.stop("length", f"context full (n_ctx={ver.n_ctx})")
-        return []
+        return None
     # ... and the batch must fit one llama_decode: k <= n_batch - 1. Under a context shift the
     # step ends at most at n_ctx committed tokens (k <= room - 1), so shifts happen where the
     # verifier alone's would, and the output does not depend on the draft
@@ -69,12 +100,19 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
     if grammar is not None and proposal.deterministic:
         legal = proposal.prefix(grammar.extend(proposal.tokens, len(proposal)))
     draft = legal.prefix(policy.keep(legal))  # worth a batched verification (empty: verifier-only)
-
-    t_verify = time.perf_counter()
     # verify: one decode of the pending token(s) + the drafts, logits for len(draft) + 1 rows
-    logits = ver.decode(committed[ver.n_past:] + draft.tokens.tolist(), n_logits=len(draft) + 1,
-                        may_drop=len(draft))
+    return Verification(committed[ver.n_past:] + draft.tokens.tolist(), len(draft) + 1,
+                        len(draft), proposal, legal, draft, top_k, late, t_draft)
 
+
+def end_step(ver: Context, session: Session, v: Verification, logits: np.ndarray,
+             slow_steps: SlowStepWatch | None) -> list[str]:
+    """The second half of a step, after the verifier decoded ``v.tokens`` (``logits``: float32
+    [len(draft) + 1, V], its rows): accept, commit, roll back; the text released.
+    ``slow_steps`` watches the verify time (None: a batch shared with other slots)."""
+    committed, grammar, policy = session.committed, session.constraint, session.policy
+    proposal, legal, draft, top_k = v.proposal, v.legal, v.draft, v.top_k
+    late, t_draft, t_verify = v.late, v.t_draft, v.t_verify
     t_accept = time.perf_counter()
     verdict = None
     if top_k:  # on the rows from the device's top-K (device.py), or all in full again after a tie
@@ -91,7 +129,8 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
     if grammar is not None:
         grammar.commit(n_acc, verdict.next_token)  # drop the rejected drafts, advance by the token
     t_end = time.perf_counter()
-    slow_steps.observe(len(draft), t_accept - t_verify)
+    if slow_steps is not None:
+        slow_steps.observe(len(draft), t_accept - t_verify)
 
     n_before, model = len(committed), ver.model
     last = "verifier" if not len(draft) else "bonus" if n_acc == len(draft) else "residual"

@@ -80,6 +80,7 @@ class GenerationStats:
     context", "draft context full", "a token the draft's vocabulary lacks").
     draft_vocab: how the draft's tokens reached the verifier (``same``, ``map``, ``intersect``,
     ``text``; None without a draft model); coverage_sum / n_coverage: see ``vocab_coverage``.
+    n_shared_steps: steps whose verification shared one decode with other slots' (slots).
     n_device_steps: verification steps whose rows came from the device's top-K
     (``backend_sampling``, speculative/device.py), of which n_device_fallbacks were decoded again
     in full (a tie at the K-th logit); ``backend_sampling_used`` says whether any step used them.
@@ -121,6 +122,7 @@ class GenerationStats:
     n_coverage: int = 0
     n_device_steps: int = 0
     n_device_fallbacks: int = 0
+    n_shared_steps: int = 0
 
     def add_coverage(self, mass: float) -> None:
         """One step's Σ q over the verifier ids a foreign draft can propose."""

@@ -279,6 +279,8 @@ FIELDS: tuple[Field, ...] = (
                           labels=("draft_vocab",)),)),
     Field("coverage_sum", "", "Σ over steps of vocab_coverage's mass", (J,)),
     Field("n_coverage", "steps", "steps vocab_coverage was measured at", (J,)),
+    Field("n_shared_steps", "steps", "steps whose verification shared one decode with other "
+          "slots' (`--parallel`: their rows in one batch)", (J, SP)),
     Field("n_device_steps", "steps", "steps whose rows came from the device's top-K "
           "(backend_sampling)", (J,)),
     Field("n_device_fallbacks", "steps", "of those, steps decoded again in full (a tie at the "

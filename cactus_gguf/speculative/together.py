@@ -1,0 +1,93 @@
+"""The slots' steps taken together (``Engine.step_streams``): one engine call for each of several
+generations, the verifications of those on separate KV-only slots decoded in one batch
+(llama/batch.py), as llama-server's continuous batching verifies every slot's drafts in one decode.
+
+Per generation the call is what it would be alone (engine.py ``_advance``): the prompt when it has
+not been processed, else one step (step.py): its plan and draft (``begin_step``), the verifier's
+rows of its tokens, the acceptance, commit and rollback (``end_step``). Only the verifier's decode
+is shared: each drafter drafts on its own sequence of the draft's context, and a generation on a
+recurrent model, with an MTP head or with the backend sampler steps alone. A batch holds at most
+``n_batch`` tokens; more verifications go in further batches. Each row is its sequence's own (the
+same logits as alone), so the tokens do not depend on what else runs.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from ..llama.batch import can_batch, decode_together
+from .session import Session
+from .step import begin_step, end_step
+
+__all__ = ["DONE", "steps_together"]
+
+#: the outcome of a call on a stream that has ended (its ``result`` is set)
+DONE = object()
+
+
+def batchable(session: Session) -> bool:
+    """Whether ``session``'s next call is a step whose verification can share a batch."""
+    return (session.started and not session.finished and session.device_top_k == 0
+            and can_batch(session.slot.verifier))
+
+
+def steps_together(engine, sessions: Sequence[Session]) -> list:
+    """One step of each of ``sessions`` (each :func:`batchable`, on separate slots), their
+    verifications decoded together, under the engine's lock. Per session: its Chunk, or the
+    exception that ended it (the session is then finished and its slot's caches unknown)."""
+    out: list = [None] * len(sessions)
+    pending = []  # (index, session, its Verification)
+
+    def fail(i: int, s: Session, e: BaseException) -> None:
+        s.slot.owner = None  # the caches may hold part of a step: restore before any reuse
+        s.finished = True
+        out[i] = e
+
+    def done(i: int, s: Session, pieces: list[str]) -> None:
+        if s.finished:
+            pieces += s.finish()
+        out[i] = s.chunk(pieces)
+
+    for i, s in enumerate(sessions):
+        try:
+            if s.slot.owner is not s:
+                engine._resync(s)
+            v = begin_step(s.slot.verifier, s)
+        except Exception as e:  # noqa: BLE001 - handed to that session's caller
+            fail(i, s, e)
+            continue
+        if v is None:
+            done(i, s, [])
+        else:
+            pending.append((i, s, v))
+    n_batch = sessions[0].slot.verifier.n_batch if sessions else 0
+    while pending:
+        group, n = [], 0
+        while pending and n + len(pending[0][2].tokens) <= n_batch:
+            n += len(pending[0][2].tokens)
+            group.append(pending.pop(0))
+        if not group:  # one verification alone longer than n_batch: decoded alone, in chunks
+            group = [pending.pop(0)]
+        t = time.perf_counter()
+        for _, _, v in group:
+            v.t_verify = t
+        try:
+            if len(group) == 1:
+                i, s, v = group[0]
+                rows = [s.slot.verifier.decode(v.tokens, n_logits=v.n_logits, may_drop=v.may_drop)]
+            else:
+                rows = decode_together([(s.slot.verifier, v.tokens, v.n_logits)
+                                        for _, s, v in group])
+        except Exception as e:  # noqa: BLE001
+            for i, s, _ in group:
+                fail(i, s, e)
+            continue
+        for (i, s, v), logits in zip(group, rows):
+            try:  # (a shared batch takes longer than one step: not a slow step)
+                pieces = end_step(s.slot.verifier, s, v, logits,
+                                  engine._slow_steps if len(group) == 1 else None)
+                s.stats.n_shared_steps += len(group) > 1
+                done(i, s, pieces)
+            except Exception as e:  # noqa: BLE001
+                fail(i, s, e)
+    return out
