@@ -30,10 +30,11 @@ Steps:
    (the tests that read it skip themselves);
 5. the report: each test passed, skipped, or not passed; a test that did not pass is *excluded*
    when it needs what this server does not claim (``EXCLUDED_FILES``, ``EXCLUDED``: embeddings,
-   rerank, LoRA, multimodal, the model router, server-side MCP / tools, ``--parallel`` slots, or
-   asserting the text of the model the test downloads), else a *failure*, with the reason in
-   ``FAILURES`` (route missing, field missing, behaviour, needs a flag). ``results.json`` and
-   ``README.md`` go to ``--out`` (default benchmarks/results/llama-server-tests).
+   rerank, LoRA, multimodal, the model router, server-side MCP / tools, llama-server's
+   host-memory prompt cache and debug log, or asserting the text of the model the test
+   downloads), else a *failure*, with the reason in ``FAILURES`` (route missing, field
+   missing, behaviour, needs a flag). ``results.json`` and ``README.md`` go to ``--out``
+   (default benchmarks/results/llama-server-tests).
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ EXCLUDED_FILES = {
 # (category, why, text): only when the failure's message holds that text (a reason measured on
 # one version of serve does not stick to a test that now fails otherwise)
 TEXT = "asserts the model's text (its words or its tokenizer's counts)"
-PARALLEL = "--parallel slots"
+CACHE_RAM = "the host-memory prompt cache (--cache-ram) and llama-server's debug log"
 MULTIMODAL = "multimodal"
 EXCLUDED: dict[str, tuple[str, ...]] = {
     "test_basic.py::test_load_split_model": (TEXT, "stories15M's words"),
@@ -140,6 +141,14 @@ EXCLUDED: dict[str, tuple[str, ...]] = {
     "test_speculative.py::test_slot_ctx_not_exceeded": (
         TEXT, "\"Hello \" * 248 fits n_ctx 256 in stories15M's tokens, not the stand-in's bytes"),
     "test_speculative.py::test_multi_requests_parallel": (TEXT, "stories15M's words"),
+    "test_kv_keep_only_active.py::test_clear_and_restore": (
+        CACHE_RAM, "it reads llama-server's debug log for its own test tags "
+        "(__TEST_TAG_CACHE_IDLE_SLOT*__, \"updating prompt cache\") while a host-memory prompt "
+        "cache (--cache-ram) saves idle slots; serve keeps each slot's cache in its KV cache and "
+        "has no host-memory copy to log"),
+    "test_kv_keep_only_active.py::test_disabled_with_flag": (
+        CACHE_RAM, "--cache-ram 0 turns llama-server's host-memory prompt cache off; the test "
+        "checks its debug log has no tag of it, which would pass without testing anything"),
     "test_slot_save.py::test_slot_save_restore_text_only_on_multimodal": (MULTIMODAL, "images"),
     "test_slot_save.py::test_slot_save_restore_with_image": (MULTIMODAL, "images"),
     "test_slot_save.py::test_slot_save_restore_with_two_images": (MULTIMODAL, "images"),
@@ -179,10 +188,6 @@ FAILURES: dict[str, tuple[str, ...]] = {
         FIELD, "ignore_eos: true is a 400", '400'),
     "test_ignore_eos.py::test_ignore_eos_false_no_logit_bias": (
         FIELD, "no logit_bias in the answer's generation settings", 'logit_bias'),
-    "test_kv_keep_only_active.py::test_clear_and_restore": (
-        FLAG, "--cache-ram (the host-memory prompt cache's size)", 'return code 3'),
-    "test_kv_keep_only_active.py::test_disabled_with_flag": (
-        FLAG, "--cache-ram (the host-memory prompt cache's size)", 'return code 3'),
     "test_metrics.py::test_metrics_disabled": (
         BEHAVIOUR, "/metrics is always served (llama-server: 501 without --metrics)", '200 == 501'),
     "test_metrics.py::test_metrics_prometheus_format": (
@@ -510,16 +515,17 @@ def readme(data: dict) -> str:
         "(the tiny model's noisy copy; SmolLM2 itself), so speculation is on in every test;",
         "- flags: a llama-server flag serve has under the same name is passed on, a few are "
         "renamed (`--ctx-size` -> `-c`, `--spec-draft-n-max` -> `-k`, ...), those that change "
-        "nothing visible are dropped (`--parallel N`: requests queue for the one engine, so "
-        "`total_slots` is 1), and one without a counterpart makes the shim exit with "
+        "nothing visible are dropped (`--cont-batching`, `--ubatch-size`: speed settings), and "
+        "one without a counterpart makes the shim exit with "
         "`needs FLAG` (the test fails at its server's start: \"needs flag\" below);",
         "- `ServerPreset.load_all` (the session fixture that starts every preset once to fill "
         "the download cache) is a no-op: nothing to download.",
         "",
         "A test that did not pass is *excluded* when it needs what this server does not claim "
         "(embeddings, rerank, LoRA, multimodal, the model router, server-side MCP tools / tools, "
-        "`--parallel` slots) or asserts the text of the model it downloads (here a stand-in "
-        "answers); every other one that did not pass is a *failure*: the backlog below.",
+        "llama-server's host-memory prompt cache and its debug log) or asserts the text of the "
+        "model it downloads (here a stand-in answers); every other one that did not pass "
+        "is a *failure*: the backlog below.",
         "",
         "| file | tests | passed | failed | excluded | skipped | seconds |",
         "|---|---:|---:|---:|---:|---:|---:|",

@@ -93,6 +93,19 @@ def test_interleaved_generations_give_each_one_its_tokens_alone(pairs, kind, met
     assert sum(r.stats.n_drafted for r in together) > 0
 
 
+def test_each_slot_has_its_own_mtp_head(tmp_path):
+    ver = write_qwen35(tmp_path / "mtp.gguf", seed=11, n_nextn=1, mimic=0.3)
+    kw = dict(n_predict=30, seed=4, k=3, temperature=0.8, method="sps", drafter="mtp")
+    with Engine(ver, None, LoadOptions(n_ctx=1024, n_parallel=3, n_threads=1),
+                load_mtp=True) as e:
+        assert len({id(s.mtp) for s in e.slots}) == 3
+        alone = [e.generate(p, **kw) for p in PROMPTS[:3]]
+        got = interleaved(e, PROMPTS[:3], **kw)
+        assert all(s.mtp.follows for s in e.slots)
+    assert [r.tokens for r in got] == [r.tokens for r in alone]
+    assert all(r.stats.n_accepted > 0 for r in got)
+
+
 def test_more_generations_than_slots_share_one_and_keep_their_tokens(pairs):
     ver, dft = pairs["hybrid"]  # the shared slot's caches are restored: recurrent state too
     kw = dict(n_predict=30, seed=5, k=3, temperature=0.8, method="sps")

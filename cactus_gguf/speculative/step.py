@@ -42,7 +42,11 @@ log = logging.getLogger("cactus_gguf.speculative.engine")
 class Verification:
     """A step between its draft and its verification (:func:`begin_step`): the verifier decodes
     ``tokens`` (the pending token(s), then the drafts) with logits for the last ``n_logits`` =
-    len(draft) + 1 rows, of which it may drop ``may_drop`` = len(draft) again."""
+    len(draft) + 1 rows, of which it may drop ``may_drop`` = len(draft) again. ``t_draft`` /
+    ``t_drafted``: the clock when the step began and when its draft was done;
+    ``verify_seconds``: what the verification cost it, set by whoever decodes it (alone: the
+    decode's seconds; in a batch shared with other slots: the batch's seconds times this step's
+    share of its rows, what ``-k auto`` prices its steps by)."""
 
     tokens: list[int]
     n_logits: int
@@ -53,7 +57,8 @@ class Verification:
     top_k: int
     late: float
     t_draft: float
-    t_verify: float = 0.0
+    t_drafted: float
+    verify_seconds: float = 0.0
 
 
 def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[str]:
@@ -63,8 +68,9 @@ def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[
     v = begin_step(ver, session)
     if v is None:
         return []
-    v.t_verify = time.perf_counter()
+    t = time.perf_counter()
     logits = ver.decode(v.tokens, n_logits=v.n_logits, may_drop=v.may_drop)
+    v.verify_seconds = time.perf_counter() - t
     return end_step(ver, session, v, logits, slow_steps)
 
 
@@ -102,7 +108,8 @@ def begin_step(ver: Context, session: Session) -> Verification | None:
     draft = legal.prefix(policy.keep(legal))  # worth a batched verification (empty: verifier-only)
     # verify: one decode of the pending token(s) + the drafts, logits for len(draft) + 1 rows
     return Verification(committed[ver.n_past:] + draft.tokens.tolist(), len(draft) + 1,
-                        len(draft), proposal, legal, draft, top_k, late, t_draft)
+                        len(draft), proposal, legal, draft, top_k, late, t_draft,
+                        time.perf_counter())
 
 
 def end_step(ver: Context, session: Session, v: Verification, logits: np.ndarray,
@@ -112,7 +119,7 @@ def end_step(ver: Context, session: Session, v: Verification, logits: np.ndarray
     ``slow_steps`` watches the verify time (None: a batch shared with other slots)."""
     committed, grammar, policy = session.committed, session.constraint, session.policy
     proposal, legal, draft, top_k = v.proposal, v.legal, v.draft, v.top_k
-    late, t_draft, t_verify = v.late, v.t_draft, v.t_verify
+    late, verify_seconds = v.late, v.verify_seconds
     t_accept = time.perf_counter()
     verdict = None
     if top_k:  # on the rows from the device's top-K (device.py), or all in full again after a tie
@@ -130,7 +137,7 @@ def end_step(ver: Context, session: Session, v: Verification, logits: np.ndarray
         grammar.commit(n_acc, verdict.next_token)  # drop the rejected drafts, advance by the token
     t_end = time.perf_counter()
     if slow_steps is not None:
-        slow_steps.observe(len(draft), t_accept - t_verify)
+        slow_steps.observe(len(draft), verify_seconds)
 
     n_before, model = len(committed), ver.model
     last = "verifier" if not len(draft) else "bonus" if n_acc == len(draft) else "residual"
@@ -142,7 +149,7 @@ def end_step(ver: Context, session: Session, v: Verification, logits: np.ndarray
     # token included, drafts after a completed stop string not)
     used = len(committed) - n_before + (1 if session.stop_reason == "eos" else 0)
     outcome = StepOutcome(proposal.lookup, proposal.n_forwards, len(draft), verdict,
-                          min(n_acc, used), t_verify - t_draft - late, t_accept - t_verify,
+                          min(n_acc, used), v.t_drafted - v.t_draft - late, verify_seconds,
                           t_end - t_accept, late)
     policy.observe(legal, outcome)
     session.stats.add_step(outcome)

@@ -8,7 +8,9 @@ rows of its tokens, the acceptance, commit and rollback (``end_step``). Only the
 is shared: each drafter drafts on its own sequence of the draft's context, and a generation on a
 recurrent model, with an MTP head or with the backend sampler steps alone. A batch holds at most
 ``n_batch`` tokens; more verifications go in further batches. Each row is its sequence's own (the
-same logits as alone), so the tokens do not depend on what else runs.
+same logits as alone, up to the rounding of the batch's shape: docs/server.md "Slots"), so the
+tokens do not depend on what else runs. A step in a shared batch is timed as its share of the
+batch's rows (``Verification.verify_seconds``): what ``-k auto`` prices its next steps by.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import time
 from typing import Sequence
 
 from ..llama.batch import can_batch, decode_together
+from .prefill import resync
 from .session import Session
 from .step import begin_step, end_step
 
@@ -51,7 +54,7 @@ def steps_together(engine, sessions: Sequence[Session]) -> list:
     for i, s in enumerate(sessions):
         try:
             if s.slot.owner is not s:
-                engine._resync(s)
+                resync(s)
             v = begin_step(s.slot.verifier, s)
         except Exception as e:  # noqa: BLE001 - handed to that session's caller
             fail(i, s, e)
@@ -69,8 +72,6 @@ def steps_together(engine, sessions: Sequence[Session]) -> list:
         if not group:  # one verification alone longer than n_batch: decoded alone, in chunks
             group = [pending.pop(0)]
         t = time.perf_counter()
-        for _, _, v in group:
-            v.t_verify = t
         try:
             if len(group) == 1:
                 i, s, v = group[0]
@@ -82,7 +83,9 @@ def steps_together(engine, sessions: Sequence[Session]) -> list:
             for i, s, _ in group:
                 fail(i, s, e)
             continue
+        seconds, n_rows = time.perf_counter() - t, sum(len(v.tokens) for _, _, v in group)
         for (i, s, v), logits in zip(group, rows):
+            v.verify_seconds = seconds * len(v.tokens) / n_rows  # its share of the batch
             try:  # (a shared batch takes longer than one step: not a slow step)
                 pieces = end_step(s.slot.verifier, s, v, logits,
                                   engine._slow_steps if len(group) == 1 else None)
