@@ -1,7 +1,7 @@
 """Speculative decoding: the engine and its parts.
 
 - ``engine``: Engine (two loaded models, their KV caches with prefix reuse, one generation at a
-  time) and Stream;
+  time); ``stream``: Stream, one generation's text step by step; ``prefill``: prompt processing;
 - ``loading``: loading the pair (paths or registry names, offload, the vocabulary check);
 - ``step``: the draft-verify-accept-commit step, top to bottom;
 - ``session``: one generation's state (committed ids, RNG, text, statistics);

@@ -30,14 +30,12 @@ import secrets
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import EngineBusyError, InputError
 from ..llama import Context, ContextOptions
-from ..llama.abort import abortable
-from ..llama.context import DecodeCancelled, DecodeError
 from ..options import (BY_NAME, LoadOptions, Request, check_speculation, constraint_of,
                        runnable_drafters, validate_pairing)
 from ..options.rule import applies, rule_words
@@ -56,111 +54,19 @@ from .costs import SlowStepWatch, forward_costs
 from .loading import load_pair
 from .logprobs import LogprobReader
 from .policy import CostAwareDraftLength, FixedDraftLength, ForwardCosts
-from .scope import CodeScope, chat_opening, opens_chat_answer
+from .prefill import prefill, resync
+from .scope import CodeScope, chat_opening, gap_words, opens_chat_answer
 from .session import Chunk, Progress, Session
 from .slots import Slot, Slots
-from .together import DONE, batchable, steps_together
+from .together import batchable, steps_together
 from .step import run_step
+from .stream import Stream
 from .vocab import bias_row, end_set, eog_ids, logit_biases, token_pieces
 
 __all__ = ["Engine", "Stream", "Chunk"]
 
 
-def _gap_words(acceptance: AcceptanceParams | None, scope: CodeScope | None) -> str:
-    """Where a request's top gap applies, for the ``-v`` rule line ("" without one)."""
-    if acceptance is None or acceptance.method != "cactus" or math.isinf(acceptance.top_gap):
-        return ""
-    if scope is not None:
-        return "; the prompt opens a chat answer: the top gap applies in its code blocks only"
-    return "; the top gap applies to the whole answer"
-
-
 log = logging.getLogger(__name__)
-
-
-class Stream(Iterator[str]):
-    """The text of one generation as it becomes final, step by step (whole UTF-8 characters, never
-    part of a stop string); ``chunks()`` gives the same as :class:`Chunk` objects, which also say
-    which text came from accepted drafts and which from the verifier. ``result`` holds the
-    GenerationResult once the stream is exhausted. ``close()`` (or dropping it) abandons the
-    generation; the engine stays ready."""
-
-    def __init__(self, chunks: Iterator[Chunk], session: Session) -> None:
-        self._chunks = chunks
-        self._session = session
-        self.result: GenerationResult | None = None
-
-    def _next_step(self) -> Chunk | None:
-        try:
-            return next(self._chunks)
-        except StopIteration as done:
-            self.result = done.value
-            raise StopIteration from None
-
-    def _next_chunk(self) -> Chunk:
-        while True:
-            chunk = self._next_step()
-            if chunk is not None:
-                return chunk
-
-    def __next__(self) -> str:
-        return self._next_chunk().text
-
-    def chunks(self) -> Iterator[Chunk]:
-        """The remaining text as Chunks."""
-        while True:
-            try:
-                yield self._next_chunk()
-            except StopIteration:
-                return
-
-    def steps(self) -> Iterator[Chunk | None]:
-        """One item per engine call (the prompt, then each step): its Chunk, or None when it
-        released no text. For a caller that must be able to stop between any two steps."""
-        while True:
-            try:
-                yield self._next_step()
-            except StopIteration:
-                return
-
-    def close(self) -> None:
-        self._chunks.close()
-        self._session.slot.release(self._session)
-
-    def _call(self, advance):
-        """``advance(session)`` for :meth:`Engine.step_streams`: its Chunk or None, DONE when
-        the generation had ended, or the exception it raised."""
-        if self._session.finished:
-            return self._ended()
-        try:
-            return advance(self._session)
-        except Exception as e:  # noqa: BLE001 - handed to the stream's caller
-            return e
-
-    def _ended(self):
-        """DONE, with ``result`` set (the stream's end, reached through step_streams)."""
-        self.result = self._session.result
-        self._session.slot.release(self._session)
-        return DONE
-
-    @property
-    def slot(self) -> int:
-        """The id of the slot the generation runs on (slots.py)."""
-        return self._session.slot.id
-
-    def stats_so_far(self):
-        """The generation's statistics as they stand now (Session.stats_so_far)."""
-        return self._session.stats_so_far()
-
-    def partial(self, reason: str = "interrupted") -> GenerationResult:
-        """The result so far of a generation that was cut short (an exception, a Ctrl-C, an
-        abandoned stream): the text released until then, ``stop_reason`` = ``reason``. The
-        result itself when it finished."""
-        s = self._session
-        if s.result is None:
-            s.stop(reason, "")
-            s.finish()
-        return s.result
 
 
 class Engine:
@@ -554,7 +460,7 @@ class Engine:
         if self._scoped_gap(req, acceptance, tokens):  # the top gap in code only (scope.py)
             session.scope = CodeScope(acceptance)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("rule: %s%s", rule_words(req), _gap_words(acceptance, session.scope))
+            log.debug("rule: %s%s", rule_words(req), gap_words(acceptance, session.scope))
         if req.n_probs is not None:  # log-probabilities of the emitted tokens (logprobs.py)
             session.logprobs = LogprobReader(sampler, req.n_probs, req.post_sampling_probs,
                                              ver.model.token_to_piece)
@@ -666,10 +572,10 @@ class Engine:
         slot = session.slot
         try:
             if not session.started:
-                self._prefill(session)
+                prefill(session)
                 return None
             if slot.owner is not session:
-                self._resync(session)
+                resync(session)
             pieces = run_step(slot.verifier, session, self._slow_steps)
             if session.finished:
                 pieces += session.finish()
@@ -678,84 +584,6 @@ class Engine:
             slot.owner = None  # the caches may hold part of a step: restore before any reuse
             session.finished = True
             raise
-
-    def _prefill(self, session: Session) -> None:
-        """Decode the prompt but its last token (which opens the first verification batch),
-        reusing what the caches already hold."""
-        t0 = session.t_prefill = time.perf_counter()
-        slot = session.slot
-        verifier, draft = slot.verifier, slot.draft
-        reuse = session.request.cache_prompt
-        prompt = session.prompt
-        stop = session.should_stop or (lambda: False)
-        abort = None
-        report, reported = session.progress, []
-
-        def chunk_progress(done: int, n: int) -> None:  # before each chunk of the verifier's
-            cache = len(prompt) - 1 - n  # decode of prompt[:-1]: those not decoded were reused
-            reported.append(done)
-            report(Progress(len(prompt), cache, cache + done, time.perf_counter() - t0))
-        log.debug("processing a prompt of %d tokens", len(prompt))
-        try:  # a cancel is seen between n_batch chunks (a long prompt takes many) and, on a CPU,
-            # inside one (llama.cpp's abort callback: llama/abort.py)
-            with contextlib.ExitStack() as interruptible:
-                for c in (verifier, draft):
-                    if c is not None:
-                        interruptible.enter_context(c.interruptible(
-                            stop, chunk_progress if report is not None and c is verifier
-                            else None))
-                if session.should_stop is not None:
-                    abort = interruptible.enter_context(abortable((verifier, draft), stop))
-                if slot.mtp is not None:  # the head's decodes of this prompt: its reuse (mtp.py)
-                    slot.mtp.n_caught_up = 0
-                session.stats.n_prompt_tokens_reused = verifier.sync(prompt[:-1], reuse=reuse)
-                if session.drafter is not None and not stop():
-                    lazy = isinstance(session.policy, CostAwareDraftLength)  # drafts if it pays
-                    reused = session.drafter.reset(prompt, reuse=reuse, lazy=lazy)
-                    if reused is None:  # the verifier alone
-                        session.stop_drafting("prompt does not fit the draft's context")
-                    else:
-                        session.stats.n_draft_prompt_tokens_reused = reused
-                cancelled = stop()
-        except DecodeCancelled:  # the caches hold a prefix of the prompt: still reusable
-            cancelled = True
-        except DecodeError:
-            if abort is None or not abort.aborted:
-                raise
-            cancelled = True  # stopped inside a chunk: that decode call was rolled back
-        session.stats.prefill_seconds = time.perf_counter() - t0
-        if report is not None and not cancelled:  # the prompt is in the caches
-            cache = session.stats.n_prompt_tokens_reused
-            if not reported:  # nothing was decoded: the first report, from the cache alone
-                report(Progress(len(prompt), cache, cache, session.stats.prefill_seconds))
-            report(Progress(len(prompt), cache, len(prompt), session.stats.prefill_seconds))
-        session.policy.prompt_processed(session.stats.prefill_seconds,
-                                        _draft_behind(session.drafter))
-        log.debug("prompt of %d tokens: %d reused from the verifier's cache, %d from the draft's",
-                  len(prompt), session.stats.n_prompt_tokens_reused,
-                  session.stats.n_draft_prompt_tokens_reused)
-        slot.owner = None if cancelled else session
-        session.started = True
-        session.t_start = time.perf_counter()
-        if cancelled:
-            session.stop("cancelled", "cancelled during prompt processing")
-            session.finish()
-
-    def _resync(self, session: Session) -> None:
-        """Another generation used the caches since this session's last step: make them hold
-        this session's committed tokens again (prefix reuse keeps what both share)."""
-        session.slot.verifier.sync(session.committed[:-1])
-        if session.drafter is not None and not session.drafter.resync(session.committed):
-            session.stop_drafting("a token the draft's vocabulary lacks")
-        session.slot.owner = session
-
-
-def _draft_behind(drafter) -> int:
-    """The prompt tokens a drafter's model deferred and has yet to decode (a lazy ``reset``,
-    draft.py; a hybrid drafter's model), 0 for one that defers none."""
-    model = getattr(drafter, "model", drafter)
-    ctx, deferred = getattr(model, "ctx", None), getattr(model, "deferred_prompt", 0)
-    return max(0, deferred - ctx.n_past) if deferred and ctx is not None else 0
 
 
 class _Taken:

@@ -18,12 +18,13 @@ a Cactus law under one of the two rules, so the KL budget δ holds at every posi
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Callable, Sequence
 
 from ..sampling import AcceptanceParams
 
-__all__ = ["CodeScope", "chat_opening", "opens_chat_answer"]
+__all__ = ["CodeScope", "chat_opening", "gap_words", "opens_chat_answer"]
 
 _BACKTICK = 0x60
 _FENCE = 3  # backticks in a row that open or close a fenced code block
@@ -83,3 +84,12 @@ def opens_chat_answer(prompt: Sequence[int], opening: str,
         return False
     tail = prompt[-len(opening.encode("utf-8")):]  # every token spells at least one byte
     return detokenize(tail).endswith(opening)
+
+
+def gap_words(acceptance: AcceptanceParams | None, scope: CodeScope | None) -> str:
+    """Where a request's top gap applies, for the ``-v`` rule line ("" without one)."""
+    if acceptance is None or acceptance.method != "cactus" or math.isinf(acceptance.top_gap):
+        return ""
+    if scope is not None:
+        return "; the prompt opens a chat answer: the top gap applies in its code blocks only"
+    return "; the top gap applies to the whole answer"

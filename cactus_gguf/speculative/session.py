@@ -124,7 +124,7 @@ class Session:
         self.scope = None  # a CodeScope when the top gap applies to code only (scope.py)
         self.context_shift = False  # shift a full context instead of stopping (step.py _shift)
         #: called with a Progress before each n_batch chunk of the prompt and once it is
-        #: processed (engine.py _prefill), when the caller asked (the server's return_progress)
+        #: processed (prefill.py), when the caller asked (the server's return_progress)
         self.progress: Callable[[Progress], None] | None = None
         self._chunked = 0  # emitted tokens handed out in chunks
 

@@ -7,7 +7,7 @@ A generation is given a slot when it begins (:meth:`Slots.choose`): the one a re
 prompt (llama-server's choice), the least recently used among equals. When every slot is held by
 an unfinished generation (more interleaved streams than slots, through the Python API) the least
 recently used one is shared: its generations restore their caches before each step, as one slot
-always did (engine.py ``_resync``).
+always did (prefill.py ``resync``).
 """
 from __future__ import annotations
 
