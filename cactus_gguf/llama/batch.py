@@ -11,7 +11,7 @@ consecutive sequence ids, so parts of equal length on consecutive slots go in on
 a few more (llama-batch.cpp ``split_equal``); the rows are the same either way.
 
 Only KV-only sequences go here: a recurrent state's snapshot window and checkpoints are per decode
-(context.py), and an MTP head observes its verifier's own decodes; such sequences decode alone.
+(rollback.py), and an MTP head observes its verifier's own decodes; such sequences decode alone.
 """
 from __future__ import annotations
 

@@ -212,7 +212,7 @@ class Model:
     def recurrent(self) -> bool:
         """The model keeps a recurrent state (Mamba-2, gated delta-net, short convolutions, RWKV),
         alone or beside attention (a hybrid): llama.cpp's own predicates. Its rollback is by
-        snapshots or checkpoints (context.py), not by cutting a KV cache."""
+        snapshots or checkpoints (rollback.py), not by cutting a KV cache."""
         return bool(llama_cpp.llama_model_is_recurrent(self.ptr)
                     or llama_cpp.llama_model_is_hybrid(self.ptr))
 
