@@ -301,3 +301,25 @@ def test_a_hybrid_model_steps_alone_in_the_same_round(pairs):
         alone = [e.generate(p, **kw).tokens for p in PROMPTS[:3]]
         got = together(e, PROMPTS[:3], **kw)
     assert [r.tokens for r in got] == alone and all(r.stats.n_shared_steps == 0 for r in got)
+
+
+def test_a_long_prompt_beside_other_generations_is_processed_a_chunk_a_call(pairs):
+    ver, dft = pairs["llama"]
+    long_prompt = " ".join(["word"] * 150)  # byte-level: ~750 tokens, 6 chunks of -b 128
+    kw = dict(n_predict=24, seed=3, k=4, temperature=0.8, method="sps")
+    with Engine(ver, dft, LoadOptions(n_ctx=4096, n_batch=128, n_parallel=2, n_threads=1)) as e:
+        want = [e.generate(p, **kw).tokens for p in (PROMPTS[0], long_prompt)]
+        e.reset()
+        short, long = e.stream(PROMPTS[0], **kw), e.stream(long_prompt, **kw)
+        seen = []
+        live = [short, long]
+        while live:
+            for st, got in zip(list(live), e.step_streams(live)):
+                if got is DONE:
+                    live.remove(st)
+            seen.append((long._session.started, len(short._session.out_tokens)))
+        # the short one went on generating while the long prompt was still coming in
+        assert any(not started and n > 0 for started, n in seen)
+        assert [short.result.tokens, long.result.tokens] == want
+        n_long = len(e.tokenize(long_prompt))
+        assert sum(1 for started, _ in seen if not started) >= (n_long - 1) // 128

@@ -360,18 +360,19 @@ class Engine:
     def step_streams(self, streams: Sequence[Stream]) -> list:
         """One engine call for each of ``streams`` (the server's round over its slots): a prompt
         not yet processed, else one step; the steps of generations on separate KV-only slots
-        share one verification batch (together.py). Per stream, in order: its Chunk or None
-        (as :meth:`Stream.steps`), :data:`DONE` once it has ended (``result`` set), or the
-        exception that ended it."""
+        share one verification batch (together.py), and a prompt beside others is processed
+        ``n_batch`` tokens a call (prefill.py). Per stream, in order: its Chunk or None (as
+        :meth:`Stream.steps`), :data:`DONE` once it has ended (``result`` set), or the exception
+        that ended it."""
         out: list = [None] * len(streams)
         with self._lock:
-            self._live()
+            chunk = self._live().n_batch if len(streams) > 1 else None
             together = [i for i, st in enumerate(streams) if batchable(st._session)]
             if len(together) < 2:
                 together = []
             for i, st in enumerate(streams):
                 if i not in together:
-                    out[i] = st._call(lambda s: self._advance(s))
+                    out[i] = st._call(lambda s: self._advance(s, chunk))
             if together:
                 for i, got in zip(together, steps_together(
                         self, [streams[i]._session for i in together])):
@@ -566,13 +567,14 @@ class Engine:
                 self.slots[0].owner = None  # the probe emptied slot 0's caches
             return self._costs
 
-    def _advance(self, session: Session) -> Chunk | None:
-        """Under the lock: process the prompt, or run one step; the text released."""
+    def _advance(self, session: Session, chunk: int | None = None) -> Chunk | None:
+        """Under the lock: process the prompt (``chunk``: at most that many of its tokens this
+        call: prefill.py), or run one step; the text released."""
         self._live()
         slot = session.slot
         try:
             if not session.started:
-                prefill(session)
+                prefill(session, chunk)
                 return None
             if slot.owner is not session:
                 resync(session)

@@ -3,7 +3,9 @@ reusing what its slot's KV caches already hold (llama-server's ``cache_prompt``)
 
 The verifier decodes all but the prompt's last token (that one opens the first verification batch);
 the drafter resets on the prompt, or defers its decode until it first drafts (a lazy reset under
-``-k auto``). A cancel is seen between ``n_batch`` chunks and, on a CPU, inside one (llama/abort.py);
+``-k auto``). Beside other slots' generations a call decodes at most one ``chunk`` of the
+verifier's prompt (``n_batch`` tokens: llama-server's chunked prompt processing), so a long
+prompt does not hold them up; the calls go on until the prompt is in. A cancel is seen between ``n_batch`` chunks and, on a CPU, inside one (llama/abort.py);
 the caches then hold a prefix of the prompt, still reusable. Progress reports (the server's
 ``return_progress``) come before each chunk of the verifier's decode and once the prompt is in.
 
@@ -26,22 +28,27 @@ __all__ = ["prefill", "resync"]
 log = logging.getLogger("cactus_gguf.speculative.engine")
 
 
-def prefill(session: Session) -> None:
+def prefill(session: Session, chunk: int | None = None) -> None:
     """Decode the prompt but its last token (which opens the first verification batch),
-    reusing what the caches already hold."""
-    t0 = session.t_prefill = time.perf_counter()
+    reusing what the caches already hold; ``chunk``: at most that many of the verifier's
+    tokens in this call (the session starts once they are all in: ``session.started``)."""
+    now = time.perf_counter()
+    first = not session.t_prefill
+    t0 = session.t_prefill = session.t_prefill or now
     slot = session.slot
     verifier, draft = slot.verifier, slot.draft
     reuse = session.request.cache_prompt
-    prompt = session.prompt
+    prompt, target = session.prompt, session.prompt[:-1]
     stop = session.should_stop or (lambda: False)
     abort = None
-    report, reported = session.progress, []
+    report, reported = session.progress, session.progress_reported
+    asked = len(target)
 
     def chunk_progress(done: int, n: int) -> None:  # before each chunk of the verifier's
-        cache = len(prompt) - 1 - n  # decode of prompt[:-1]: those not decoded were reused
+        # decode of target[:asked]: those it does not decode were in the cache
+        cache = session.stats.n_prompt_tokens_reused if not first else asked - n
         reported.append(done)
-        report(Progress(len(prompt), cache, cache + done, time.perf_counter() - t0))
+        report(Progress(len(prompt), cache, verifier.n_past, time.perf_counter() - t0))
     log.debug("processing a prompt of %d tokens", len(prompt))
     try:  # a cancel is seen between n_batch chunks (a long prompt takes many) and, on a CPU,
         # inside one (llama.cpp's abort callback: llama/abort.py)
@@ -53,9 +60,18 @@ def prefill(session: Session) -> None:
                         else None))
             if session.should_stop is not None:
                 abort = interruptible.enter_context(abortable((verifier, draft), stop))
-            if slot.mtp is not None:  # the head's decodes of this prompt: its reuse (mtp.py)
-                slot.mtp.n_caught_up = 0
-            session.stats.n_prompt_tokens_reused = verifier.sync(prompt[:-1], reuse=reuse)
+            if slot.mtp is not None and first:  # the head's decodes of this prompt: its reuse
+                slot.mtp.n_caught_up = 0  # (mtp.py)
+            if chunk is not None:
+                held = verifier.shared_prefix(target) if reuse or not first else 0
+                asked = min(len(target), held + chunk)
+            reused = verifier.sync(target[:asked], reuse=reuse or not first)
+            if first:
+                session.stats.n_prompt_tokens_reused = reused
+            if asked < len(target):  # more chunks to come, in later calls
+                session.stats.prefill_seconds += time.perf_counter() - now
+                slot.owner = session
+                return
             if session.drafter is not None and not stop():
                 lazy = isinstance(session.policy, CostAwareDraftLength)  # drafts if it pays
                 reused = session.drafter.reset(prompt, reuse=reuse, lazy=lazy)
@@ -70,7 +86,7 @@ def prefill(session: Session) -> None:
         if abort is None or not abort.aborted:
             raise
         cancelled = True  # stopped inside a chunk: that decode call was rolled back
-    session.stats.prefill_seconds = time.perf_counter() - t0
+    session.stats.prefill_seconds += time.perf_counter() - now
     if report is not None and not cancelled:  # the prompt is in the caches
         cache = session.stats.n_prompt_tokens_reused
         if not reported:  # nothing was decoded: the first report, from the cache alone

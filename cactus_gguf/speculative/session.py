@@ -126,6 +126,7 @@ class Session:
         #: called with a Progress before each n_batch chunk of the prompt and once it is
         #: processed (prefill.py), when the caller asked (the server's return_progress)
         self.progress: Callable[[Progress], None] | None = None
+        self.progress_reported: list[int] = []  # the reports made so far (prefill.py)
         self._chunked = 0  # emitted tokens handed out in chunks
 
     @property
