@@ -17,20 +17,21 @@ Scopes: ``load`` (an engine's models and contexts), ``request`` (one generation:
 rule, draft length, drafter, n_predict, stop strings, seed) and ``run`` (what only the ``run`` command
 has: which models, the prompt, output format).
 
-The table lives in table.py, the records in records.py, the one check of a request's speculation
-options that needs what the caller set and what the engine loaded in speculation.py (the CLI, the
-server and the engine all call it); this package re-exports them. A constraint option's value (a
-grammar, a JSON schema) is compiled and checked by grammar.py, without a model. The package
-imports nothing outside it but errors.py at import time (llguidance only when a grammar is given),
-so every layer may use it.
+The table lives in table.py (its Option and Range records in option.py), the records in records.py,
+the one check of a request's speculation options that needs what the caller set and what the engine
+loaded in speculation.py (the CLI, the server and the engine all call it); this package re-exports
+them. A constraint option's value (a grammar, a JSON schema) is compiled and checked by grammar.py,
+without a model. The package imports nothing outside it but errors.py at import time (llguidance
+only when a grammar is given), so every layer may use it.
 """
 from __future__ import annotations
 
 from .records import (CONSTRAINTS, LoadOptions, Request, check_fields, constraint_of, opt,
                       option_of, validate_pairing)
+from .option import Option, Range
 from .table import (BUDGETS, BY_NAME, DRAFT_MODEL_OPTIONS, DRAFT_VOCABS, DRAFTERS, METHODS,
-                    MODEL_DRAFTERS, OPTIONS, SELF_DRAFTERS, SOLVERS, Option, Range, check_value,
-                    default, markdown_table, normalize_json_schema, options_in, parse_endpoints,
+                    MODEL_DRAFTERS, OPTIONS, SELF_DRAFTERS, SOLVERS, check_value, default,
+                    markdown_table, normalize_json_schema, options_in, parse_endpoints,
                     parse_tensor_split)
 from .speculation import check_speculation, runnable_drafters
 

@@ -11,7 +11,8 @@ from typing import Any, ClassVar, Mapping
 
 from ..errors import InputError
 from .grammar import grammar_spec
-from .table import BY_NAME, Option, check_value, options_in
+from .option import Option
+from .table import BY_NAME, check_value, options_in
 
 
 _OWN = object()

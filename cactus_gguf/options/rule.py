@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .table import Option, options_in
+from .option import Option
+from .table import options_in
 
 __all__ = ["SPECULATION", "applies", "rule_of", "rule_words", "json_number"]
 
