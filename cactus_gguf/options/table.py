@@ -260,7 +260,8 @@ OPTIONS: tuple[Option, ...] = (
            range=Range(lo=16, also=(0,), note="0 = the model's own"), metavar="N"),
     Option("n_parallel", int, 1, "slots: generations served side by side, each with its own "
            "sequence of both contexts (prompt cache, recurrent state) of n_ctx / N positions, "
-           "as llama-server's `--parallel` (its per-slot context); their steps interleave",
+           "as llama-server's `--parallel` (its per-slot context); one step of each a round, "
+           "their verifications in one batch (docs/server.md \"Slots\")",
            ("-np", "--parallel"), scope="load", range=Range(lo=1, hi=64),
            commands=frozenset({"serve"}), metavar="N"),
     Option("kv_unified", bool, False, "the slots share one KV cache of n_ctx cells, each up to "
