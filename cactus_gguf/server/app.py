@@ -42,6 +42,7 @@ from .fim import router as fim_router
 from .http_errors import error, error_of, invalid_body, llama_error
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .native_api import is_native, model_facts, router as native_router
+from .slots_api import router as slots_router
 from .report import build_info
 from .anthropic import router as anthropic_router
 from .openai_api import router as openai_router
@@ -171,6 +172,7 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
     app.include_router(responses_router)  # /v1/responses: responses.py
     app.include_router(anthropic_router)  # /v1/messages: anthropic.py
     app.include_router(native_router)  # llama-server's /completion, /tokenize, ...: native_api.py
+    app.include_router(slots_router)  # llama-server's /slots: slots_api.py
     app.include_router(fim_router)  # llama-server's /infill: fim.py
     _install_page(app, config)
 
