@@ -3,11 +3,12 @@ reusing what its slot's KV caches already hold (llama-server's ``cache_prompt``)
 
 The verifier decodes all but the prompt's last token (that one opens the first verification batch);
 the drafter resets on the prompt, or defers its decode until it first drafts (a lazy reset under
-``-k auto``). Beside other slots' generations a call decodes at most one ``chunk`` of the
-verifier's prompt (``n_batch`` tokens: llama-server's chunked prompt processing), so a long
-prompt does not hold them up; the calls go on until the prompt is in. A cancel is seen between ``n_batch`` chunks and, on a CPU, inside one (llama/abort.py);
-the caches then hold a prefix of the prompt, still reusable. Progress reports (the server's
-``return_progress``) come before each chunk of the verifier's decode and once the prompt is in.
+``-k auto``). Beside other slots' generations a call decodes at most one ``chunk`` of the verifier's
+prompt (``n_batch`` tokens: llama-server's chunked prompt processing), so a long prompt does not
+hold them up; the calls go on until the prompt is in. A cancel is seen between ``n_batch`` chunks
+and, on a CPU, inside one (llama/abort.py); the caches then hold a prefix of the prompt, still
+reusable. Progress reports (the server's ``return_progress``) come before each chunk of the
+verifier's decode and once the prompt is in.
 
 The same prefix reuse restores a slot's caches to a generation's committed tokens when another
 generation used them in between (``resync``: more interleaved streams than slots, slots.py).
