@@ -323,3 +323,37 @@ def test_a_long_prompt_beside_other_generations_is_processed_a_chunk_a_call(pair
         assert [short.result.tokens, long.result.tokens] == want
         n_long = len(e.tokenize(long_prompt))
         assert sum(1 for started, _ in seen if not started) >= (n_long - 1) // 128
+
+
+def test_a_slots_first_token_keeps_its_rules_law_while_another_slot_runs(tiny_pair):
+    """Cactus (δ = 1) on slot 0, each answer's steps verified in one batch with a generation
+    running on slot 1: the first emitted token's histogram over 3,000 seeds against the rule's
+    exact law (Pearson chi-square, significance ALPHA = 0.001), and against q as a control (the
+    rule moves mass towards the draft, so q's law must be rejected)."""
+    from cactus_gguf.options import Request
+    from cactus_gguf.sampling import SamplingParams, reference
+    from support.stats import ALPHA, PROMPT, chisquare_pvalue, first_position_dists
+
+    ver, dft = tiny_pair
+    q, p = first_position_dists(ver, dft, SamplingParams(temperature=1.0, top_k=8, top_p=1.0,
+                                                         min_p=0.0))
+    expected = reference.emitted_first_token_distribution(p, q, "cactus", delta=1.0,
+                                                          solver="taylor")
+    req = Request(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0, k=1, method="cactus", delta=1.0,
+                  top_gap=float("inf"), protect_ends="off")
+    counts, shared = np.zeros(len(q), np.int64), 0
+    with Engine(ver, dft, LoadOptions(n_ctx=2048, n_batch=64, n_parallel=2, n_threads=1),
+                defaults=req) as e:
+        other = None
+        for seed in range(3000):
+            if other is None or other._session.finished:
+                other = e.stream("one two three", n_predict=400, seed=seed, id_slot=1)
+            mine = e.stream(PROMPT, n_predict=2, seed=seed, id_slot=0)
+            while e.step_streams([mine, other])[0] is not DONE:
+                pass
+            r = mine.result
+            counts[r.tokens[0] if r.tokens else e.verifier.model.eos] += 1
+            shared += r.stats.n_shared_steps
+    assert shared >= 3000  # every answer's step shared a batch with slot 1's
+    assert chisquare_pvalue(counts, expected) > ALPHA
+    assert chisquare_pvalue(counts, q.astype(np.float64), strict=False) < ALPHA
