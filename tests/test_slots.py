@@ -198,7 +198,7 @@ def server(tmp_path_factory):
     files = tiny_chat_pair(d)
     # 16,384 positions a slot: the long generation below runs for many seconds
     with serving(files["ver"], files["dft"], "-t", "1", "-c", "65536", "-np", "4", "-k", "4",
-                 "--temp", "0.8", "--slot-save-path", str(d / "saved")) as s:
+                 "--temp", "0.8", "--slot-save-path", str(d / "saved"), "--metrics") as s:
         yield s
 
 
@@ -236,6 +236,15 @@ def test_the_server_serves_requests_beside_a_long_one_each_as_alone(server):
         assert [s["id"] for s in slots] == [0, 1, 2, 3] and {s["n_ctx"] for s in slots} == {16384}
         assert sum(s["is_processing"] for s in slots) == 1
         assert len({got[i]["id_slot"] for i in range(3)}) == 3
+        metrics = {line.split(" ")[0]: float(line.split(" ")[1])
+                   for line in httpx.get(server.url + "/metrics").text.splitlines()
+                   if line.startswith("cactus_slot_") or line.startswith("llamacpp:requests_p")}
+        busy = [metrics[f'cactus_slot_processing{{slot="{i}"}}'] for i in range(4)]
+        assert sorted(busy) == [0, 0, 0, 1] and metrics["llamacpp:requests_processing"] == 1
+        for i in range(3):  # each short answer's slot holds its prompt and answer
+            slot = got[i]["id_slot"]
+            assert metrics[f'cactus_slot_cached_tokens{{slot="{slot}"}}'] == \
+                slots[slot]["n_prompt_tokens"] > 24
         assert next(line for line in lines if line.startswith("data:"))  # still streaming
     # the client left: its slot is freed at the next step
     for _ in range(200):

@@ -191,7 +191,10 @@ def create_app(worker: Worker, config: ServerConfig, metrics: Metrics | None = N
     async def metrics_route():
         if not config.metrics:
             return llama_error(501, "this server does not serve metrics: start it with --metrics")
-        metrics.state(waiting=worker.waiting, processing=worker.processing)
+        engine = worker.engine  # (None while the models sleep)
+        metrics.state(waiting=worker.waiting, processing=worker.processing,
+                      slots=[(s.id, s.busy, s.verifier.n_past)
+                             for s in getattr(engine, "slots", ())])
         # llama-server's header: when this process started (Unix seconds; its spelling:
         # CanonicalHeaders, server/cors.py)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST,

@@ -58,10 +58,15 @@ class Metrics:
                 metric.observe(value)
         self.llama.finished(stats)
 
-    def state(self, *, waiting: int, processing: int) -> None:
-        """The server's state, set before a render: requests waiting, and running (0 or 1)."""
+    def state(self, *, waiting: int, processing: int, slots=()) -> None:
+        """The server's state, set before a render: requests waiting, and running (at most the
+        slots); ``slots``: (id, processing, cached tokens) per slot (none while the models
+        sleep: the last values stay)."""
         self.queue_depth.set(waiting)
         self.llama.states.update(queue_depth=waiting, requests_processing=processing)
+        for slot, busy, cached in slots:
+            self.by_name["cactus_slot_processing"][2].labels(str(slot)).set(int(busy))
+            self.by_name["cactus_slot_cached_tokens"][2].labels(str(slot)).set(cached)
 
     def render(self) -> bytes:
         return generate_latest(self.registry) + self.llama.text().encode()

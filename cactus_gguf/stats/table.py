@@ -342,15 +342,23 @@ FIELDS: tuple[Field, ...] = (
     Field("requests", "requests", "HTTP requests by endpoint and status", (M,), source="server",
           metrics=(Metric("cactus_requests", "counter", "HTTP requests by endpoint and status",
                           labels=("endpoint", "status")),)),
-    Field("queue_depth", "requests", "requests waiting for the engine behind the running one",
+    Field("queue_depth", "requests", "requests waiting for a slot behind the running ones",
           (M,), source="server",
           metrics=(Metric("cactus_queue_depth", "gauge", "requests waiting for the engine"),),
           llama_metrics=(LlamaMetric("requests_deferred", "gauge",
                                      "Number of requests deferred", fold="state"),)),
-    Field("requests_processing", "requests", "requests the engine is running (0 or 1)", (M,),
-          source="server",
+    Field("requests_processing", "requests", "requests the engine is running (at most the "
+          "slots, `--parallel`)", (M,), source="server",
           llama_metrics=(LlamaMetric("requests_processing", "gauge",
                                      "Number of requests processing", fold="state"),)),
+    Field("slot_processing", "requests", "per slot: 1 while a request runs on it, else 0",
+          (M,), source="server",
+          metrics=(Metric("cactus_slot_processing", "gauge",
+                          "1 while a request runs on the slot, else 0", labels=("slot",)),)),
+    Field("slot_cached_tokens", "tokens", "per slot: the tokens its verifier cache holds "
+          "(what the next request's prefix reuse reads)", (M,), source="server",
+          metrics=(Metric("cactus_slot_cached_tokens", "gauge",
+                          "tokens the slot's verifier KV cache holds", labels=("slot",)),)),
 )
 
 BY_NAME = {f.name: f for f in FIELDS}
