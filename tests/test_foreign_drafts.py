@@ -156,7 +156,7 @@ def test_text_translation_emits_the_exact_law(models, method):
     p_d = NativeSampler(len(row), SAMPLING, AcceptanceParams(), 0).warp(row)
     with make_engine(models["ver"], models["foreign"], temp=1.0, top_k=8, k=1,
                      draft_vocab="text") as eng:
-        drafter = eng._make_drafter(eng.request(), 0)
+        drafter = eng._make_drafter(eng.request(), 0, eng.slots[0])
         is_eog = eng.draft.model.is_eog
         expected = np.zeros(len(q))
         for d in np.flatnonzero(p_d):

@@ -291,12 +291,25 @@ def together(engine: Engine, prompts, **kw) -> list:
 @pytest.mark.parametrize("method,temperature,k", [("sps", 0.0, 4), ("cactus", 0.8, 4),
                                                   ("greedy", 0.8, "auto"), ("sps", 0.8, 3)])
 def test_steps_verified_in_one_batch_give_each_generation_its_tokens_alone(pairs, method,
-                                                                           temperature, k):
+                                                                           temperature, k,
+                                                                           monkeypatch):
+    from cactus_gguf.speculative import together as module
+
     ver, dft = pairs["llama"]
     kw = dict(n_predict=40, seed=3, k=k, temperature=temperature, method=method)
+    batches = []  # (the model's file, sequences) of each shared decode
+    real = module.decode_together
+    monkeypatch.setattr(module, "decode_together", lambda parts: batches.append(
+        (parts[0][0].model.path.name, len(parts))) or real(parts))
     with Engine(ver, dft, LoadOptions(n_ctx=2048, n_parallel=4, n_threads=1)) as e:
         alone = [e.generate(p, **kw) for p in PROMPTS]
+        assert not batches
         got = together(e, PROMPTS, **kw)
+    if k != "auto":  # (auto: the draft may not run at all on this machine's costs)
+        # each draft position of the slots in one decode of the draft, each verification batch
+        # in one of the verifier: both with up to 4 sequences
+        assert {name for name, _ in batches} == {"v.gguf", "d.gguf"}
+        assert max(n for _, n in batches) == 4
     assert [r.tokens for r in got] == [r.tokens for r in alone]
     assert all(r.stats.n_shared_steps == 0 for r in alone)
     shared = sum(r.stats.n_shared_steps for r in got)

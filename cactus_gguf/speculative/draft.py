@@ -4,6 +4,11 @@
 The policy (policy.py) decides a plan per step; the drafters (drafters.py, foreign.py, mtp.py) read
 it and never call back into the policy; the step (step.py) verifies the Draft. Dimension letters:
 V = the verifier's vocabulary size, V_d = a draft's (its rows), k = draft length.
+
+The draft loop can hand its model's decodes to its caller (:meth:`SamplingDrafter.propose_asks`:
+a generator that yields each decode it needs as a :data:`DecodeAsk` and is sent the row), so
+several slots' drafters decode their draft positions in one batch (together.py); ``propose``
+answers the asks itself, one decode each (:func:`answer_asks`).
 """
 from __future__ import annotations
 
@@ -20,7 +25,12 @@ from .device import read_rows
 if TYPE_CHECKING:
     from ..llama import Context
 
-__all__ = ["SOURCES", "Draft", "DraftPlan", "SamplingDrafter"]
+__all__ = ["SOURCES", "Draft", "DraftPlan", "SamplingDrafter", "DecodeAsk", "answer_asks",
+           "asks_of"]
+
+#: a decode the draft loop asks for: (context, tokens appended, how many of them the caller may
+#: roll back after it); answered with the logits of its last row (float32 [>= n_logits]).
+DecodeAsk = tuple
 
 # Who proposed a drafted token: a model (sampled from its warped distribution p: the draft GGUF, a
 # foreign draft, the verifier's MTP head) or prompt lookup (``ngram``: a token copied from the
@@ -190,6 +200,20 @@ class SamplingDrafter:
         """The n drafts' laws over the verifier's ids: float32 [n, V] (None: one-hot)."""
         return self._rows_d[:n]
 
+    def _start_asks(self, committed: Sequence[int]):
+        """``_start`` as a generator of the decodes it needs (:data:`DecodeAsk`; a subclass whose
+        first row is one plain decode of its context asks for it, the others decode it
+        themselves); returns the row."""
+        return self._start(committed)
+        yield  # (a generator)
+
+    def _advance_asks(self, token: int, n: int):
+        """``_advance`` as a generator: the plain decode of ``token`` is asked for; a subclass
+        that reaches its next row otherwise (the MTP head) does it itself."""
+        if type(self)._advance is SamplingDrafter._advance:
+            return (yield (self.ctx, [token], n))
+        return self._advance(token, n)
+
     # -- the loop ----------------------------------------------------------------------------------
 
     def _rows(self, k: int, width: int) -> np.ndarray:
@@ -213,10 +237,17 @@ class SamplingDrafter:
                 grammar: Constraint | None = None) -> Draft:
         """Draft up to ``plan.k`` tokens after ``committed`` (the Drafter protocol, drafters.py).
         Raises what NativeSampler.draft and the model's decodes raise (EngineError)."""
+        return answer_asks(self.propose_asks(committed, plan, sampler, grammar))
+
+    def propose_asks(self, committed: list[int], plan: DraftPlan, sampler: NativeSampler,
+                     grammar: Constraint | None = None):
+        """:meth:`propose` as a generator: yields each decode of its model it needs
+        (:data:`DecodeAsk`), is sent that decode's last row, and returns the Draft; an error of
+        the decode is thrown into it. The caller may answer several drafters' asks in one batch."""
         if not plan.uses("model"):
             return Draft.empty()  # pending tokens wait: the next step that drafts decodes them
         t0, deferred = time.perf_counter(), self.ctx.n_past < self.deferred_prompt
-        row = self._start(committed)
+        row = yield from self._start_asks(committed)
         if deferred:  # that decode held the prompt a lazy reset deferred (and the tokens since)
             self.late_prefill_seconds += time.perf_counter() - t0
             self.deferred_prompt = 0
@@ -245,7 +276,7 @@ class SamplingDrafter:
                 n += 1
                 if i == k - 1 or self._is_eog(d) or not plan.more(p[:n]):
                     break  # nothing to propose after the last draft or an end-of-generation token
-                row = self._advance(d, n)
+                row = yield from self._advance_asks(d, n)
                 n_forwards += 1
         finally:
             self._finish()
@@ -324,3 +355,32 @@ class SamplingDrafter:
             sampler.warp_into(row[:self.n_logits], confidence)
             law = confidence
         return d, float(law[d]), law
+
+
+def answer_asks(asks):
+    """Run a generator of :data:`DecodeAsk` (``SamplingDrafter.propose_asks``), answering each
+    with its own decode; what it returns. A decode's error is thrown into it (its cleanup runs)
+    and raised."""
+    try:
+        ask = next(asks)
+        while True:
+            ctx, tokens, may_drop = ask
+            try:
+                row = ctx.decode(tokens, n_logits=1, may_drop=may_drop)[0]
+            except BaseException as e:  # noqa: BLE001 - the generator's cleanup, then raised
+                ask = asks.throw(e)
+                continue
+            ask = asks.send(row)
+    except StopIteration as done:
+        return done.value
+
+
+def asks_of(drafter, committed: list[int], plan: DraftPlan, sampler: NativeSampler,
+            grammar: Constraint | None):
+    """The drafter's proposal as a generator of decode asks where its loop is the plain one
+    (SamplingDrafter's ``propose``, not overridden), else a generator that asks nothing and
+    returns its ``propose``."""
+    if isinstance(drafter, SamplingDrafter) and type(drafter).propose is SamplingDrafter.propose:
+        return (yield from drafter.propose_asks(committed, plan, sampler, grammar=grammar))
+    return drafter.propose(committed, plan, sampler, grammar=grammar)
+

@@ -144,6 +144,11 @@ class ModelDrafter(SamplingDrafter):
     def _start(self, committed: Sequence[int]) -> np.ndarray:
         return self.ctx.decode(self._pending(committed, self.ctx.n_past), n_logits=1)[0]
 
+    def _start_asks(self, committed: Sequence[int]):
+        if self.ctx.n_past < self.deferred_prompt:  # a deferred prompt: decoded here, in chunks
+            return self._start(committed)
+        return (yield (self.ctx, self._pending(committed, self.ctx.n_past), 0))
+
     def rollback(self, n_keep: int) -> None:
         """Forget committed tokens past ``n_keep`` (a count of committed tokens, window included;
         a recurrent draft may keep fewer: the next ``propose`` decodes the rest)."""

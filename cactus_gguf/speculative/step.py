@@ -29,7 +29,7 @@ from ..sampling.native import StepResult
 from ..stats import StepOutcome
 from .costs import SlowStepWatch
 from . import device
-from .draft import Draft, DraftPlan
+from .draft import Draft, DraftPlan, answer_asks, asks_of
 from .drafters import SynthDrafter
 from .session import Session
 
@@ -59,6 +59,9 @@ class Verification:
     t_draft: float
     t_drafted: float
     verify_seconds: float = 0.0
+    #: the draft's seconds when its decodes were shared with other slots' (together.py: its
+    #: own work plus its share of each batch), else None: t_drafted - t_draft
+    draft_seconds: float | None = None
 
 
 def run_step(ver: Context, session: Session, slow_steps: SlowStepWatch) -> list[str]:
@@ -78,6 +81,13 @@ def begin_step(ver: Context, session: Session) -> Verification | None:
     """The first half of a step: plan it, draft, and say what the verifier must decode (None,
     the session stopped: a full context). The engine decodes it alone (:func:`run_step`) or in
     one batch with other slots' verifications (engine.py), then calls :func:`end_step`."""
+    return answer_asks(begin_step_asks(ver, session))
+
+
+def begin_step_asks(ver: Context, session: Session):
+    """:func:`begin_step` as a generator of the draft model's decodes (draft.py ``DecodeAsk``:
+    yielded, answered with the row), so several slots' drafts decode a position in one batch
+    (together.py); returns the Verification (or None)."""
     committed, grammar, policy = session.committed, session.constraint, session.policy
     # The verifier holds committed[:-1]; the batch adds the pending token plus k drafts,
     # so k <= n_ctx - len(committed). Below 0 not even the pending token fits.
@@ -98,7 +108,7 @@ def begin_step(ver: Context, session: Session) -> Verification | None:
     top_k = _on_device(ver, session)
 
     t_draft = time.perf_counter()
-    proposal = _propose(session, plan)
+    proposal = yield from _propose(session, plan)
     late = _late_prefill(session.drafter)  # the draft's prompt, decoded at its first draft:
     session.late_prefill_seconds += late  # prompt processing, not this step's (session.py)
     session.stats.prefill_seconds += late
@@ -149,7 +159,8 @@ def end_step(ver: Context, session: Session, v: Verification, logits: np.ndarray
     # token included, drafts after a completed stop string not)
     used = len(committed) - n_before + (1 if session.stop_reason == "eos" else 0)
     outcome = StepOutcome(proposal.lookup, proposal.n_forwards, len(draft), verdict,
-                          min(n_acc, used), v.t_drafted - v.t_draft - late, verify_seconds,
+                          min(n_acc, used), v.t_drafted - v.t_draft - late
+                          if v.draft_seconds is None else v.draft_seconds, verify_seconds,
                           t_end - t_accept, late)
     policy.observe(legal, outcome)
     session.stats.add_step(outcome)
@@ -185,9 +196,10 @@ def _shift(ver: Context, session: Session) -> None:
         session.stop_drafting("context shift: this drafter cannot follow one")
 
 
-def _propose(session: Session, plan: DraftPlan) -> Draft:
-    """The drafter's proposal within ``plan``; empty when there is no drafter (any more) or no
-    room, and then, for want of room, the verifier decodes alone from here."""
+def _propose(session: Session, plan: DraftPlan):
+    """The drafter's proposal within ``plan`` (a generator of its decode asks: draft.py
+    ``asks_of``); empty when there is no drafter (any more) or no room, and then, for want of
+    room, the verifier decodes alone from here."""
     drafter, committed = session.drafter, session.committed
     if drafter is None or plan.k <= 0:
         return Draft.empty()
@@ -195,8 +207,8 @@ def _propose(session: Session, plan: DraftPlan) -> Draft:
     if room < 1:
         session.stop_drafting(drafter.why_no_room(committed))
         return Draft.empty()
-    return drafter.propose(committed, plan.at_most(room), session.sampler,
-                           grammar=session.constraint)
+    return (yield from asks_of(drafter, committed, plan.at_most(room), session.sampler,
+                               session.constraint))
 
 
 def _late_prefill(drafter) -> float:

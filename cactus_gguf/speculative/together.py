@@ -20,7 +20,7 @@ from typing import Sequence
 from ..llama.batch import can_batch, decode_together
 from .prefill import resync
 from .session import Session
-from .step import begin_step, end_step
+from .step import begin_step_asks, end_step
 
 __all__ = ["DONE", "steps_together"]
 
@@ -51,14 +51,7 @@ def steps_together(engine, sessions: Sequence[Session]) -> list:
             pieces += s.finish()
         out[i] = s.chunk(pieces)
 
-    for i, s in enumerate(sessions):
-        try:
-            if s.slot.owner is not s:
-                resync(s)
-            v = begin_step(s.slot.verifier, s)
-        except Exception as e:  # noqa: BLE001 - handed to that session's caller
-            fail(i, s, e)
-            continue
+    for i, s, v in _draft_together(sessions, fail):
         if v is None:
             done(i, s, [])
         else:
@@ -94,3 +87,78 @@ def steps_together(engine, sessions: Sequence[Session]) -> list:
             except Exception as e:  # noqa: BLE001
                 fail(i, s, e)
     return out
+
+
+def _draft_together(sessions: Sequence[Session], fail) -> list:
+    """Each session's first half of a step (step.py ``begin_step_asks``), their draft models'
+    decodes answered together: at each round every drafter that asks gets its row, the asks on
+    separate KV-only sequences of one draft context in one batch (its ``n_batch`` at most), the
+    others alone. A session's draft time is its own work plus its share of each batch's rows.
+    Per session that did not fail: (index, session, its Verification or None)."""
+    live: list[list] = []  # [index, session, generator, ask, own seconds]
+    out = []
+
+    def send(entry, value=None, error=None, first=False) -> None:
+        i, s, gen = entry[0], entry[1], entry[2]
+        t = time.perf_counter()
+        try:
+            if first:
+                if s.slot.owner is not s:
+                    resync(s)
+                ask = next(gen)
+            else:
+                ask = gen.throw(error) if error is not None else gen.send(value)
+            entry[3] = ask
+            entry[4] += time.perf_counter() - t
+        except StopIteration as stop:
+            entry[4] += time.perf_counter() - t
+            v = stop.value
+            if v is not None:
+                v.draft_seconds = max(0.0, entry[4] - v.late)
+            out.append((i, s, v))
+            live.remove(entry)
+        except Exception as e:  # noqa: BLE001 - handed to that session's caller
+            live.remove(entry)
+            fail(i, s, e)
+
+    for i, s in enumerate(sessions):
+        entry = [i, s, begin_step_asks(s.slot.verifier, s), None, 0.0]
+        live.append(entry)
+        send(entry, first=True)
+    while live:
+        group, alone, n, seen = [], [], 0, set()
+        for entry in list(live):
+            ctx, tokens, _ = entry[3]
+            if (can_batch(ctx) and id(ctx) not in seen and n + len(tokens) <= ctx.n_batch
+                    and (not group or ctx._together is group[0][3][0]._together)):
+                group.append(entry)
+                seen.add(id(ctx))
+                n += len(tokens)
+            else:
+                alone.append(entry)
+        if len(group) == 1:
+            alone, group = group + alone, []
+        if group:
+            t = time.perf_counter()
+            try:
+                rows = decode_together([(e[3][0], e[3][1], 1) for e in group])
+            except Exception as e:  # noqa: BLE001 - each drafter cleans up, then fails
+                for entry in group:
+                    send(entry, error=e)
+            else:
+                seconds = time.perf_counter() - t
+                for entry, row in zip(group, rows):
+                    entry[4] += seconds * len(entry[3][1]) / n
+                    send(entry, row[0])
+        for entry in alone:
+            ctx, tokens, may_drop = entry[3]
+            t = time.perf_counter()
+            try:
+                row = ctx.decode(tokens, n_logits=1, may_drop=may_drop)[0]
+            except Exception as e:  # noqa: BLE001
+                send(entry, error=e)
+                continue
+            entry[4] += time.perf_counter() - t
+            send(entry, row)
+    return out
+
