@@ -88,7 +88,6 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--cont-batching": ("drop", "a speed setting: the slots' steps interleave"),
     "--slots": ("drop", "serve has no switch for it"),
     "--no-slots": ("drop", "serve has no switch for it"),
-    "--kv-unified": ("drop", "one sequence per engine: one KV cache already"),
     "--swa-full": ("drop", "a memory setting of sliding-window models"),
     "--no-ui": ("missing", "turning the chat page at / off"),
     "--jinja": ("drop", "serve renders Jinja templates, and llama.cpp's built-in ones by name"),

@@ -409,7 +409,7 @@ class Context(Rollback, DeviceTopK):
                 # let forget() drop whatever the failed call may have stored
                 self.tokens.extend(int(t) for t in chunk)
                 self.forget(start)
-                what = {1: "no KV-cache slot for the batch (context full)",
+                what = {1: "no KV-cache slot for the batch: the context size has been exceeded",
                         2: "aborted"}.get(rc, "error")
                 raise DecodeError(f"llama_decode returned {rc}: {what}")
             self.tokens.extend(int(t) for t in chunk)
