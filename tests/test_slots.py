@@ -379,3 +379,56 @@ def test_a_slots_first_token_keeps_its_rules_law_while_another_slot_runs(tiny_pa
     assert shared >= 3000  # every answer's step shared a batch with slot 1's
     assert chisquare_pvalue(counts, expected) > ALPHA
     assert chisquare_pvalue(counts, q.astype(np.float64), strict=False) < ALPHA
+
+
+def test_an_engine_round_that_fails_ends_its_jobs_with_the_error_not_the_worker():
+    """The worker's round (Engine.step_streams) raising is each running job's error, and the
+    worker serves the next job."""
+    import asyncio
+
+    from cactus_gguf.errors import EngineError
+    from cactus_gguf.server.worker import Job, Worker
+
+    class FakeStream:
+        slot = 0
+
+        def close(self):
+            pass
+
+    class FakeEngine:
+        slots = [None, None]
+        calls = 0
+
+        def stream(self, *a, **kw):
+            return FakeStream()
+
+        def step_streams(self, streams):
+            FakeEngine.calls += 1
+            if FakeEngine.calls == 1:
+                raise RuntimeError("the round failed")
+            return [DONE] * len(streams)
+
+        def close(self):
+            pass
+
+    async def run_two():
+        loop = asyncio.get_running_loop()
+        jobs = [Job(prompt="x", request=type("R", (), {"return_progress": False,
+                                                       "timings_per_token": False})(),
+                    chat=False, loop=loop, deadline=float("inf")) for _ in range(2)]
+        worker.submit(jobs[0])
+        first = [await jobs[0].events.get() for _ in range(2)]
+        worker.submit(jobs[1])
+        second = [await jobs[1].events.get() for _ in range(1)]
+        return first, second
+
+    worker = Worker(FakeEngine, max_queue=2)
+    worker.start()
+    worker.ready.wait(10)
+    try:
+        first, second = asyncio.run(run_two())
+    finally:
+        worker.stop()
+    assert first[0] == ("started", None) and first[1][0] == "error"
+    assert isinstance(first[1][1], EngineError) and "the round failed" in str(first[1][1])
+    assert second == [("started", None)] and worker.state == "stopped"

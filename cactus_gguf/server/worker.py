@@ -268,7 +268,10 @@ class Worker:
             feed(entry, first=True)
         stepping = list(running)
         if stepping:
-            outcomes = self.engine.step_streams([e[2] for e in stepping])
+            try:
+                outcomes = self.engine.step_streams([e[2] for e in stepping])
+            except Exception as e:  # noqa: BLE001 - every job of the round ends with it
+                outcomes = [e] * len(stepping)
             for entry, outcome in zip(stepping, outcomes):
                 feed(entry, outcome)
 
