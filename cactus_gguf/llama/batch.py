@@ -90,7 +90,8 @@ def decode_together(parts: Sequence[tuple[Context, Sequence[int], int]]) -> list
     if rc != 0:
         for ctx, _, _ in parts:  # drop whatever the failed call may have stored
             llama_cpp.llama_memory_seq_rm(ctx.memory, ctx.seq_id, ctx.n_past, -1)
-        what = {1: "no KV-cache slot for the batch: the context size has been exceeded", 2: "aborted"}.get(rc, "error")
+        what = {1: "no KV-cache slot for the batch: the context size has been exceeded",
+                2: "aborted"}.get(rc, "error")
         raise DecodeError(f"llama_decode returned {rc}: {what}")
     out = []
     for (ctx, tokens, _), (row, m) in zip(parts, rows):
