@@ -169,12 +169,13 @@ def test_same_tokens_as_the_full_rows(tiny_pair, monkeypatch, method, k):
 
 @pytest.mark.parametrize("request_", [
     {"drafter": "hybrid", "ngram_max": 2},
-    {"draft_temp": 0.3, "k": "auto"},
+    {"draft_temp": 0.3, "k": 3},  # (a fixed k: -k auto drafts by measured seconds, so two
+    # runs of a seed may draft differently and spend the random stream differently)
     {"draft_temp": 0.0},
     {"method": "cactus", "protect_ends": 0.1, "stop": [" cat"], "top_gap": 0.5},
     {"method": "ears", "ears_alpha": 0.5},
     {"method": "typical"},
-], ids=["hybrid", "draft-temp-auto-k", "greedy-draft", "cactus-ends", "ears", "typical"])
+], ids=["hybrid", "draft-temp", "greedy-draft", "cactus-ends", "ears", "typical"])
 def test_same_tokens_with_other_settings(tiny_pair, monkeypatch, request_):
     calls = Calls(monkeypatch)
     with make_engine(*tiny_pair, temp=0.8, top_k=12, **{"k": 4, "method": "sps", **request_}
