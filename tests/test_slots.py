@@ -11,6 +11,7 @@ shares the longest prefix with it, or the one it names; through the server N req
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -235,7 +236,9 @@ def test_the_server_serves_requests_beside_a_long_one_each_as_alone(server):
         slots = httpx.get(server.url + "/slots").json()
         assert [s["id"] for s in slots] == [0, 1, 2, 3] and {s["n_ctx"] for s in slots} == {16384}
         assert sum(s["is_processing"] for s in slots) == 1
-        assert len({got[i]["id_slot"] for i in range(3)}) == 3
+        long_slot = next(s["id"] for s in slots if s["is_processing"])
+        assert all(got[i]["id_slot"] != long_slot for i in range(3))  # (a short one may reuse
+        # another short one's slot once that one has finished)
         metrics = {line.split(" ")[0]: float(line.split(" ")[1])
                    for line in httpx.get(server.url + "/metrics").text.splitlines()
                    if line.startswith("cactus_slot_") or line.startswith("llamacpp:requests_p")}
@@ -246,12 +249,11 @@ def test_the_server_serves_requests_beside_a_long_one_each_as_alone(server):
             assert metrics[f'cactus_slot_cached_tokens{{slot="{slot}"}}'] == \
                 slots[slot]["n_prompt_tokens"] > 24
         assert next(line for line in lines if line.startswith("data:"))  # still streaming
-    # the client left: its slot is freed at the next step
-    for _ in range(200):
-        if not any(s["is_processing"] for s in httpx.get(server.url + "/slots").json()):
-            break
-    else:
-        raise AssertionError("the abandoned generation still holds its slot")
+    # the client left: its slot is freed once the server sees it gone (its next event's send)
+    deadline = time.monotonic() + 60
+    while any(s["is_processing"] for s in httpx.get(server.url + "/slots").json()):
+        assert time.monotonic() < deadline, "the abandoned generation still holds its slot"
+        time.sleep(0.05)
 
 
 def test_the_server_saves_a_slot_restores_it_into_another_and_erases_it(server):
